@@ -1,0 +1,32 @@
+"""Attention mechanisms by name.
+
+`REGISTRY` maps a config's `model.attention` to a module class following the
+contract in `lra_msmra.attention.base`. A new mechanism is one file here and one
+line below.
+"""
+
+from __future__ import annotations
+
+from lra_msmra.attention.base import Attention
+from lra_msmra.attention.softmax import SoftmaxAttention
+
+REGISTRY: dict[str, type[Attention]] = {
+    'softmax': SoftmaxAttention,
+}
+
+
+def get_attention(name: str) -> type[Attention]:
+  """Returns the attention class registered as `name`.
+
+  Raises:
+    ValueError: `name` is not registered; the message lists the valid names.
+  """
+  try:
+    return REGISTRY[name]
+  except KeyError:
+    raise ValueError(
+        f'Unknown attention {name!r}; valid names: {sorted(REGISTRY)}. '
+        'Set config.model.attention to one of them.') from None
+
+
+__all__ = ['Attention', 'REGISTRY', 'get_attention']

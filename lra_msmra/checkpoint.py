@@ -1,0 +1,181 @@
+"""Orbax checkpoints of training runs, and loading them without the trainer.
+
+Layout of a workdir::
+
+  config.json          the run's config
+  model_spec.json      what the model needs from the data (vocab, classes, ...)
+  checkpoints/<step>/  latest states: params, optimizer state, step, RNG,
+                       plus `meta` (data position, best validation so far)
+  best/<step>/         parameters of the best-validation evaluation
+  results.json         final report (see lra_msmra.train)
+  tensorboard/         event files and metrics.jsonl
+
+Restoring walks the saved steps from the newest down: a checkpoint that fails
+to restore (a partial or corrupted write) is reported and the previous one is
+used, so a crash never silently restarts from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Union
+
+from absl import logging
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+from lra_msmra import metrics as metrics_lib
+
+CONFIG_FILE = 'config.json'
+MODEL_SPEC_FILE = 'model_spec.json'
+
+
+def _manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
+  return ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                           create=True),
+      item_names=('state', 'meta'))
+
+
+class Checkpointer:
+  """Latest and best-validation checkpoints of one run."""
+
+  def __init__(self, workdir: str, max_to_keep: int):
+    self.latest = _manager(os.path.join(workdir, 'checkpoints'), max_to_keep)
+    self.best = _manager(os.path.join(workdir, 'best'), 1)
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    self.latest.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True)
+
+  def save_best(self, step: int, params: Any, meta: dict[str, Any]) -> None:
+    for old in self.best.all_steps():
+      if old >= step:
+        self.best.delete(old)
+    self.best.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)),
+        force=True)
+
+  def wait(self) -> None:
+    self.latest.wait_until_finished()
+    self.best.wait_until_finished()
+
+  def restore_latest(self, abstract_state: Any
+                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
+    """Returns (step, state, meta) of the newest readable checkpoint, or None."""
+    return _restore_newest(self.latest, abstract_state)
+
+  def restore_best(self, abstract_params: Any
+                   ) -> Optional[tuple[int, Any, dict[str, Any]]]:
+    return _restore_newest(self.best, abstract_params)
+
+  def drop_best_after(self, step: int) -> None:
+    """Deletes best checkpoints newer than a resumed step (they will be redone)."""
+    for s in self.best.all_steps():
+      if s > step:
+        self.best.delete(s)
+
+  def close(self) -> None:
+    self.wait()
+    self.latest.close()
+    self.best.close()
+
+
+def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
+                    ) -> Optional[tuple[int, Any, dict[str, Any]]]:
+  manager.reload()
+  steps = sorted(manager.all_steps(), reverse=True)
+  for i, step in enumerate(steps):
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract),
+          meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-except
+      older = steps[i + 1] if i + 1 < len(steps) else None
+      msg = (f'Checkpoint {manager.directory}/{step} could not be restored '
+             f'({type(e).__name__}: {e}); ' +
+             (f'falling back to step {older}.' if older is not None else
+              'no older checkpoint is left.'))
+      logging.warning(msg)
+      metrics_lib.log('WARNING: ' + msg)
+      continue
+    return step, restored.state, dict(restored.meta)
+  if steps:
+    raise RuntimeError(
+        f'No checkpoint in {manager.directory} could be restored (steps '
+        f'{steps}). Move the folder away to start from scratch.')
+  return None
+
+
+def write_json(path: str, obj: Any) -> None:
+  if metrics_lib.is_chief():
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+      json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} not found: {workdir} is not a workdir '
+                            'written by lra_msmra.main.')
+  with open(path) as f:
+    return config_from_dict(json.load(f))
+
+
+def config_from_dict(d: dict[str, Any]) -> ml_collections.ConfigDict:
+  """Inverse of `config.to_dict()` after a JSON round trip (lists -> tuples)."""
+  def fix(x):
+    if isinstance(x, dict):
+      return {k: fix(v) for k, v in x.items()}
+    if isinstance(x, list):
+      return tuple(fix(v) for v in x)
+    return x
+  return ml_collections.ConfigDict(fix(d))
+
+
+def load_checkpoint(workdir: str, which: Union[str, int] = 'best'
+                    ) -> tuple[ml_collections.ConfigDict, Any, Any]:
+  """Loads a trained model for use in a notebook, without running the trainer.
+
+  Args:
+    workdir: a workdir written by `python -m lra_msmra.main`.
+    which: 'best' (best-validation parameters), 'latest' (newest training
+      checkpoint), or a step number of a training checkpoint.
+
+  Returns:
+    (config, model, params): call `model.apply({'params': params}, batch,
+    deterministic=True)` with `batch = {'inputs': ids [batch, length]}` (plus
+    `'inputs2'` for Retrieval) to get logits `[batch, num_classes]`.
+  """
+  from lra_msmra import train  # pylint: disable=g-import-not-at-top
+
+  config = read_config(workdir)
+  with open(os.path.join(workdir, MODEL_SPEC_FILE)) as f:
+    spec = json.load(f)
+  model, _, _ = train.build(config, spec)
+  abstract = train.abstract_train_state(config, spec)
+  ckpt = Checkpointer(workdir, max_to_keep=1000)
+  try:
+    if which == 'best':
+      found = ckpt.restore_best(abstract.params)
+      if found is None:
+        raise FileNotFoundError(f'No best-validation checkpoint in {workdir}.')
+      return config, model, found[1]
+    manager = ckpt.latest
+    steps = manager.all_steps()
+    step = max(steps, default=None) if which == 'latest' else int(which)
+    if step not in steps:
+      raise FileNotFoundError(
+          f'No training checkpoint at step {step} in {manager.directory}; '
+          f'available: {sorted(steps)}.')
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract)))
+    return config, model, restored.state.params
+  finally:
+    ckpt.close()

@@ -1,0 +1,291 @@
+"""The one config shape shared by every task, protocol presets and validation.
+
+Config files live in `configs/<task>/` and expose `get_config(arg)`, where
+`arg` is a comma-separated list of options after the file name:
+`configs/listops/transformer.py:xiong,runlocal`. Options:
+
+* `runlocal`: a tiny model and data for a CPU run of a few minutes.
+* `xiong`: the PyTorch protocol of Xiong et al. (Nyströmformer), PROTOCOL §8.
+* `cst`: the re-tuned protocol of the CST paper, ATTENTIONS §1.7.
+
+Without a protocol option a config is the official LRA one (PROTOCOL §5).
+
+Shape of a config (batch sizes are global, across all devices and hosts)::
+
+  task, protocol, data_dir, data.*        what to train on
+  model.*                                 encoder, attention and head
+  seed, batch_size, eval_batch_size,      training loop
+  num_train_steps, grad_accum_steps,
+  eval_every_steps, num_eval_steps, log_every_steps,
+  checkpoint_every_steps, max_checkpoints_to_keep
+  optimizer.*, schedule.*                 see lra_msmra.optim
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Iterable
+
+import ml_collections
+
+PROTOCOLS = ('lra', 'xiong', 'cst')
+OPTIONS = ('runlocal',) + PROTOCOLS[1:]
+DTYPES = ('float32', 'bfloat16')
+
+
+def parse_arg(arg: str | None, allowed: Iterable[str] = OPTIONS) -> set[str]:
+  """Splits a config-file argument into options, rejecting unknown ones."""
+  allowed = tuple(allowed)
+  opts = {a.strip() for a in (arg or '').split(',') if a.strip()}
+  unknown = opts - set(allowed)
+  if unknown:
+    raise ValueError(f'Unknown config option(s) {sorted(unknown)}; valid: '
+                     f'{list(allowed)} (comma-separated, e.g. '
+                     '"configs/listops/transformer.py:xiong,runlocal").')
+  if len(opts & set(PROTOCOLS)) > 1:
+    raise ValueError(f'Choose at most one protocol of {PROTOCOLS[1:]}.')
+  return opts
+
+
+def protocol_of(opts: set[str]) -> str:
+  for p in PROTOCOLS[1:]:
+    if p in opts:
+      return p
+  return 'lra'
+
+
+def load_sibling(file: str, name: str):
+  """Imports `name`.py from the folder of config file `file`.
+
+  Config files are loaded by path, not as a package, so a mechanism config
+  reaches its task's `base.py` this way.
+  """
+  path = os.path.join(os.path.dirname(os.path.abspath(file)), name + '.py')
+  spec = importlib.util.spec_from_file_location(
+      f'lra_msmra_config_{abs(hash(path))}_{name}', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """All keys every task config has, with the LRA encoder defaults."""
+  c = ml_collections.ConfigDict()
+  c.task = ''
+  # Which protocol the numbers are comparable with: 'lra', 'xiong' or 'cst'.
+  # It also picks the headline test number of results.json: the final
+  # checkpoint for 'lra', the best-validation checkpoint otherwise.
+  c.protocol = 'lra'
+  # Folder of the task's data files; '' generates or mocks data locally.
+  c.data_dir = ''
+  # Task-specific input options, validated by the task's data module.
+  c.data = ml_collections.ConfigDict()
+
+  c.model = ml_collections.ConfigDict()
+  m = c.model
+  m.attention = 'softmax'
+  # Passed unchanged to the attention constructor: unknown keys fail.
+  m.attention_kw = ml_collections.ConfigDict()
+  m.num_layers = 4
+  m.emb_dim = 512
+  m.num_heads = 8
+  m.qkv_dim = 512
+  m.mlp_dim = 1024
+  m.dropout_rate = 0.1
+  m.attention_dropout_rate = 0.1
+  # 'CLS', 'MEAN' (unmasked, as LRA), 'MASKED_MEAN', 'SUM' or 'FLATTEN'.
+  m.pooling = 'CLS'
+  # Zero padded positions of the final output before pooling (Xiong et al.).
+  m.zero_padded_outputs = False
+  # 'sinusoidal', 'learned' or 'none' (for mechanisms with own positions).
+  m.pos_emb = 'sinusoidal'
+  m.emb_init_std = 1.0
+  m.layer_norm_eps = 1e-6
+  # JAX's default GELU is the tanh approximation (LRA); PyTorch's is exact.
+  m.gelu_approximate = True
+  m.attention_bias = False
+  # 'lra' (Xavier kernels) or 'torch' (nn.Linear defaults), see models.py.
+  m.init_style = 'lra'
+  # Padding mask = (id > 0), for pixels too, as LRA does (P8).
+  m.mask_padding = True
+  m.causal = False
+  # Hidden sizes of the classifier MLP (LRA: one layer of mlp_dim).
+  m.head_hidden = (1024,)
+  # Retrieval only: 'concat' [u, v] (LRA) or 'nli' [u, v, u*v, u-v].
+  m.dual_interaction = 'concat'
+  # Activation dtype; parameters and softmax stay float32.
+  m.dtype = 'float32'
+
+  c.seed = 0
+  c.batch_size = 32
+  c.eval_batch_size = 32
+  c.num_train_steps = 5000
+  # Split each step's batch into this many micro-batches (same gradients).
+  c.grad_accum_steps = 1
+  c.eval_every_steps = 50
+  # Validation batches per evaluation; -1 = the whole split.
+  c.num_eval_steps = -1
+  c.log_every_steps = 50
+  c.checkpoint_every_steps = 1000
+  c.max_checkpoints_to_keep = 2
+
+  c.optimizer = lra_optimizer(weight_decay=0.1)
+  c.schedule = factor_schedule(0.05, 1000)
+  return c
+
+
+def lra_optimizer(weight_decay: float, grad_clip_norm: float = 0.0
+                  ) -> ml_collections.ConfigDict:
+  """Adam(0.9, 0.98, 1e-9) with LR-scaled decoupled weight decay (§4.1)."""
+  return ml_collections.ConfigDict(dict(
+      name='adam', b1=0.9, b2=0.98, eps=1e-9, weight_decay=weight_decay,
+      grad_clip_norm=grad_clip_norm))
+
+
+def factor_schedule(base_learning_rate: float, warmup_steps: int,
+                    factors: str = 'constant*linear_warmup*rsqrt_decay'
+                    ) -> ml_collections.ConfigDict:
+  """LRA factor schedule (§4.2); steps_per_cycle -1 = num_train_steps."""
+  return ml_collections.ConfigDict(dict(
+      name='factors', factors=factors, base_learning_rate=base_learning_rate,
+      warmup_steps=warmup_steps, steps_per_cycle=-1, decay_factor=0.5,
+      steps_per_decay=20000))
+
+
+def apply_xiong(c: ml_collections.ConfigDict, *, learning_rate: float,
+                warmup_steps: int, num_train_steps: int, batch_size: int,
+                eval_every_steps: int, pos_table_len: int) -> None:
+  """The Xiong et al. protocol (PROTOCOL §8): model, optimizer, schedule.
+
+  Args:
+    c: config to modify in place.
+    learning_rate: OneCycle max learning rate.
+    warmup_steps: steps of the rising phase.
+    num_train_steps: total steps.
+    batch_size: global batch size.
+    eval_every_steps: evaluation period.
+    pos_table_len: inputs are zero-padded to this length (the power of two
+      the PyTorch code uses for its position table).
+  """
+  c.protocol = 'xiong'
+  m = c.model
+  m.num_layers, m.emb_dim, m.qkv_dim, m.num_heads, m.mlp_dim = 2, 64, 64, 2, 128
+  m.dropout_rate = m.attention_dropout_rate = 0.1
+  m.pooling = 'MEAN'
+  m.zero_padded_outputs = True
+  m.pos_emb = 'learned'
+  m.emb_init_std = 0.02
+  m.layer_norm_eps = 1e-5
+  m.gelu_approximate = False
+  m.attention_bias = True
+  m.init_style = 'torch'
+  m.head_hidden = (128,)
+  m.dual_interaction = 'nli'
+  c.data.pad_to_length = pos_table_len
+  c.batch_size = c.eval_batch_size = batch_size
+  c.num_train_steps = num_train_steps
+  c.eval_every_steps = eval_every_steps
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name='adam_cycled_b1', b1_range=(0.95, 0.85), b2=0.999, eps=1e-6,
+      weight_decay=0.0, grad_clip_norm=0.0))
+  c.schedule = ml_collections.ConfigDict(dict(
+      name='one_cycle', max_learning_rate=learning_rate,
+      warmup_steps=warmup_steps, div_factor=25.0, final_div_factor=1e4))
+
+
+def apply_cst(c: ml_collections.ConfigDict, *, learning_rate: float,
+              warmup_steps: int, num_train_steps: int, batch_size: int,
+              eval_every_steps: int) -> None:
+  """The CST paper's protocol (ATTENTIONS §1.7, CST Table 6).
+
+  2 pre-LN layers, D = 256, FFN 1024, 4 heads, dropout 0.1, mean pooling
+  over real tokens, FC(1024)-ReLU-FC head, AdamW with linear warmup and linear
+  decay, no weight decay; the best-validation checkpoint is reported.
+  """
+  c.protocol = 'cst'
+  m = c.model
+  m.num_layers, m.emb_dim, m.qkv_dim, m.num_heads, m.mlp_dim = 2, 256, 256, 4, 1024
+  m.dropout_rate = m.attention_dropout_rate = 0.1
+  m.pooling = 'MASKED_MEAN'
+  m.pos_emb = 'learned'
+  m.emb_init_std = 0.02
+  m.head_hidden = (1024,)
+  m.dual_interaction = 'nli'
+  c.batch_size = c.eval_batch_size = batch_size
+  c.num_train_steps = num_train_steps
+  c.eval_every_steps = eval_every_steps
+  c.optimizer = ml_collections.ConfigDict(dict(
+      name='adam', b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0,
+      grad_clip_norm=0.0))
+  c.schedule = ml_collections.ConfigDict(dict(
+      name='warmup_linear_decay', learning_rate=learning_rate,
+      warmup_steps=warmup_steps))
+
+
+_MODEL_CHOICES = {
+    'pooling': ('CLS', 'MEAN', 'MASKED_MEAN', 'SUM', 'FLATTEN'),
+    'pos_emb': ('sinusoidal', 'learned', 'none'),
+    'init_style': ('lra', 'torch'),
+    'dual_interaction': ('concat', 'nli'),
+    'dtype': DTYPES,
+}
+_POSITIVE_INTS = ('batch_size', 'eval_batch_size', 'num_train_steps',
+                  'grad_accum_steps', 'eval_every_steps', 'log_every_steps',
+                  'checkpoint_every_steps', 'max_checkpoints_to_keep')
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks values and combinations; raises ValueError naming key and fix."""
+  from lra_msmra import attention as attention_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import optim  # pylint: disable=g-import-not-at-top
+
+  expected = set(default_config().keys())
+  keys = set(config.keys())
+  if keys != expected:
+    raise ValueError(f'Config keys differ from the shared shape: unknown '
+                     f'{sorted(keys - expected)}, missing '
+                     f'{sorted(expected - keys)} (see lra_msmra/config_lib.py).')
+  model_keys = set(default_config().model.keys())
+  if set(config.model.keys()) != model_keys:
+    raise ValueError(
+        f'config.model keys: unknown {sorted(set(config.model.keys()) - model_keys)}'
+        f', missing {sorted(model_keys - set(config.model.keys()))}.')
+  if config.protocol not in PROTOCOLS:
+    raise ValueError(f'config.protocol={config.protocol!r}; valid: {PROTOCOLS}.')
+  for key in _POSITIVE_INTS:
+    value = config[key]
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f'config.{key}={value!r} must be a positive integer.')
+  if not isinstance(config.num_eval_steps, int) or (
+      config.num_eval_steps < 1 and config.num_eval_steps != -1):
+    raise ValueError(f'config.num_eval_steps={config.num_eval_steps!r} must '
+                     'be a positive integer or -1 (whole split).')
+  if config.batch_size % config.grad_accum_steps:
+    raise ValueError(
+        f'config.batch_size={config.batch_size} is not divisible by '
+        f'config.grad_accum_steps={config.grad_accum_steps}; pick a divisor.')
+  m = config.model
+  for key, choices in _MODEL_CHOICES.items():
+    if m[key] not in choices:
+      raise ValueError(f'config.model.{key}={m[key]!r}; valid: {choices}.')
+  for key in ('num_layers', 'emb_dim', 'num_heads', 'qkv_dim', 'mlp_dim'):
+    if not isinstance(m[key], int) or m[key] < 1:
+      raise ValueError(f'config.model.{key}={m[key]!r} must be a positive '
+                       'integer.')
+  if m.qkv_dim % m.num_heads:
+    raise ValueError(f'config.model.qkv_dim={m.qkv_dim} is not divisible by '
+                     f'config.model.num_heads={m.num_heads}.')
+  for key in ('dropout_rate', 'attention_dropout_rate'):
+    if not 0.0 <= m[key] < 1.0:
+      raise ValueError(f'config.model.{key}={m[key]} must be in [0, 1).')
+  cls = attention_lib.get_attention(m.attention)
+  try:
+    cls(num_heads=m.num_heads, qkv_features=m.qkv_dim, causal=m.causal,
+        **m.attention_kw.to_dict())
+  except TypeError as e:
+    raise ValueError(
+        f'config.model.attention_kw={m.attention_kw.to_dict()} does not fit '
+        f'{cls.__name__}: {e}') from None
+  optim.check_keys('optimizer', config.optimizer, optim.OPTIMIZER_KEYS)
+  optim.check_keys('schedule', config.schedule, optim.SCHEDULE_KEYS)

@@ -1,0 +1,300 @@
+"""ListOps: the LRA generator algorithm and a reader of the released TSVs.
+
+Generator (PROTOCOL §6): the LRA tree sampler (`lra_benchmarks/data/
+listops.py`) with the same random draws in the same order, the same
+serialisation and the same label semantics (MED = int(numpy.median), SM = sum
+mod 10), writing the official format: `{task}_{train,val,test}.tsv`, a header
+`Source<TAB>Target`, `\\r\\n` line ends. Unlike LRA it is seeded, and it keeps
+sampled trees in sampling order instead of Python set order, so a seed always
+gives the same files.
+
+Reader (PROTOCOL §5.1): `]` becomes `X`, parentheses are dropped, tokens are
+split on whitespace and mapped through a fixed, sorted vocabulary, so token
+ids never depend on the process (fixes P6). Ids 1..15 are the 15 symbols, 0 is
+padding and 16 is the out-of-vocabulary id LRA's encoder reserves, giving LRA's
+vocabulary size of 17; our reader rejects unknown tokens instead of mapping
+them there. Sequences are zero-padded to `max_length` (2000).
+
+Command line (writes the three files)::
+
+  python -m lra_msmra.data.listops --output_dir DIR [--num_train 96000 ...]
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import sys
+from typing import Any, Union
+
+import numpy as np
+
+from lra_msmra.data import pipeline
+
+MIN, MAX, MED, SUM_MOD = '[MIN', '[MAX', '[MED', '[SM'
+OPERATORS = (MIN, MAX, MED, SUM_MOD)  # [FIRST and [LAST are unused in LRA.
+END = ']'
+VALUES = tuple(range(10))
+VALUE_P = 0.25
+
+# Fixed vocabulary: sorted symbols get ids 1..15; 0 = padding; 16 = OOV slot.
+SYMBOLS = tuple(sorted([str(v) for v in VALUES] + ['X'] + list(OPERATORS)))
+VOCAB = {s: i + 1 for i, s in enumerate(SYMBOLS)}
+VOCAB_SIZE = len(SYMBOLS) + 2
+NUM_CLASSES = 10
+SPLITS = ('train', 'val', 'test')
+HEADER = ['Source', 'Target']
+
+Tree = Union[int, str, tuple]
+DATA_KEYS = {'task_name', 'max_length', 'pad_to_length', 'generate'}
+GENERATE_KEYS = {'num_train', 'num_valid', 'num_test', 'min_length',
+                 'max_length', 'max_depth', 'max_args', 'seed'}
+
+
+# ----------------------------------------------------------------- generator
+
+
+def generate_tree(rng: random.Random, depth: int, max_depth: int,
+                  max_args: int) -> tuple[Tree, int]:
+  """Samples a tree as LRA does; returns (tree, token length).
+
+  The order of random draws follows LRA exactly: random() (only below
+  max_depth), then either choice(values), or randint(2, max_args), the
+  children in order, and finally choice(operators).
+  """
+  r = rng.random() if depth < max_depth else 1.0
+  if r > VALUE_P:
+    return rng.choice(VALUES), 1
+  num_children = rng.randint(2, max_args)
+  children, length = [], 2
+  for _ in range(num_children):
+    child, child_len = generate_tree(rng, depth + 1, max_depth, max_args)
+    children.append(child)
+    length += child_len
+  tree: Tree = (rng.choice(OPERATORS), children[0])
+  for child in children[1:]:
+    tree = (tree, child)
+  return (tree, END), length
+
+
+def to_string(tree: Tree) -> str:
+  """Fully parenthesised form: every pair (a, b) is written `( a b )`."""
+  if isinstance(tree, tuple):
+    return f'( {to_string(tree[0])} {to_string(tree[1])} )'
+  return str(tree)
+
+
+def _apply(op: str, args: list[int]) -> int:
+  if op == MIN:
+    return min(args)
+  if op == MAX:
+    return max(args)
+  if op == MED:
+    return int(np.median(args))
+  if op == SUM_MOD:
+    return sum(args) % 10
+  raise ValueError(f'Unknown operator {op!r}.')
+
+
+def to_value(tree: Tree) -> Any:
+  """Label of a tree by LRA's left fold; partial applications are tuples."""
+  if not isinstance(tree, tuple):
+    return tree
+  left, right = tree
+  if left in OPERATORS:
+    return ('partial', left, [to_value(right)])
+  left = to_value(left)
+  if right == END:
+    return _apply(left[1], left[2])
+  return ('partial', left[1], left[2] + [to_value(right)])
+
+
+def generate_examples(num_examples: int, *, min_length: int = 500,
+                      max_length: int = 2000, max_depth: int = 10,
+                      max_args: int = 10, seed: int = 0
+                      ) -> list[tuple[str, int]]:
+  """Distinct (source, label) pairs with min_length < length < max_length."""
+  if min_length + 1 >= max_length:
+    raise ValueError(f'min_length={min_length} leaves no length below '
+                     f'max_length={max_length} (both are exclusive).')
+  rng = random.Random(seed)
+  trees: dict[Tree, None] = {}
+  attempts = 0
+  while len(trees) < num_examples:
+    tree, length = generate_tree(rng, 1, max_depth, max_args)
+    attempts += 1
+    if min_length < length < max_length:
+      trees[tree] = None
+    if attempts > 1000 * max(num_examples, 100) and not trees:
+      raise ValueError('No tree fits the length band; widen '
+                       'min_length/max_length or raise max_depth.')
+  return [(to_string(t), int(to_value(t))) for t in trees]
+
+
+def write_tsv(path: str, rows: list[tuple[str, int]]) -> None:
+  """Writes the official format: header, tab separated, \\r\\n line ends."""
+  with open(path, 'w', newline='') as f:
+    writer = csv.writer(f, delimiter='\t', lineterminator='\r\n')
+    writer.writerow(HEADER)
+    writer.writerows(rows)
+
+
+def generate_dataset(output_dir: str, *, num_train: int = 96000,
+                     num_valid: int = 2000, num_test: int = 2000,
+                     task_name: str = 'basic', **kwargs) -> dict[str, str]:
+  """Writes `{task_name}_{train,val,test}.tsv`; returns their paths."""
+  os.makedirs(output_dir, exist_ok=True)
+  examples = generate_examples(num_train + num_valid + num_test, **kwargs)
+  cuts = {'train': examples[:num_train],
+          'val': examples[num_train:num_train + num_valid],
+          'test': examples[num_train + num_valid:]}
+  paths = {}
+  for split, rows in cuts.items():
+    paths[split] = os.path.join(output_dir, f'{task_name}_{split}.tsv')
+    write_tsv(paths[split], rows)
+  return paths
+
+
+# -------------------------------------------------------------------- reader
+
+
+def tokenize(source: str) -> list[str]:
+  """LRA preprocessing: `]` -> `X`, drop parentheses, split on whitespace."""
+  return source.replace(']', 'X').replace('(', '').replace(')', '').split()
+
+
+def read_tsv(path: str, max_length: int = 2000
+             ) -> tuple[list[np.ndarray], np.ndarray]:
+  """Reads one split; returns (token id arrays, labels).
+
+  Raises:
+    FileNotFoundError: the file is missing.
+    ValueError: malformed content, with the file and line.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(
+        f'ListOps file {path} not found. Point config.data_dir at the '
+        '`listops-1000` folder of the LRA release (lra_release.gz from '
+        'https://github.com/google-research/long-range-arena), or leave '
+        'config.data_dir empty to generate data locally.')
+  ids, labels = [], []
+  with open(path, newline='') as f:
+    reader = csv.reader(f, delimiter='\t')
+    header = next(reader, None)
+    if header != HEADER:
+      raise ValueError(f'{path}:1: expected the header {HEADER}, got '
+                       f'{header}.')
+    for line_no, row in enumerate(reader, start=2):
+      if len(row) != 2:
+        raise ValueError(f'{path}:{line_no}: expected 2 tab-separated '
+                         f'columns (Source, Target), got {len(row)}.')
+      source, target = row
+      try:
+        label = int(target)
+      except ValueError:
+        raise ValueError(f'{path}:{line_no}: Target {target!r} is not an '
+                         'integer.') from None
+      if not 0 <= label < NUM_CLASSES:
+        raise ValueError(f'{path}:{line_no}: Target {label} is outside '
+                         f'0..{NUM_CLASSES - 1}.')
+      tokens = tokenize(source)
+      unknown = sorted({t for t in tokens if t not in VOCAB})
+      if unknown:
+        raise ValueError(f'{path}:{line_no}: unknown token(s) {unknown}; '
+                         f'valid symbols: {list(SYMBOLS)}.')
+      if len(tokens) > max_length:
+        raise ValueError(f'{path}:{line_no}: {len(tokens)} tokens exceed '
+                         f'max_length={max_length}.')
+      ids.append(np.array([VOCAB[t] for t in tokens], dtype=np.uint8))
+      labels.append(label)
+  if not labels:
+    raise ValueError(f'{path}: no examples after the header.')
+  return ids, np.array(labels, dtype=np.int32)
+
+
+def _check_data_config(data: Any) -> None:
+  keys = set(data.keys())
+  if keys != DATA_KEYS:
+    raise ValueError(f'config.data for listops must have exactly '
+                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
+                     f', missing {sorted(DATA_KEYS - keys)}.')
+  gkeys = set(data.generate.keys())
+  if gkeys != GENERATE_KEYS:
+    raise ValueError(f'config.data.generate must have exactly '
+                     f'{sorted(GENERATE_KEYS)}; unknown '
+                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
+                     f'{sorted(GENERATE_KEYS - gkeys)}.')
+  if data.pad_to_length and data.pad_to_length < data.max_length:
+    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
+                     f'below max_length={data.max_length}; use 0 for none.')
+
+
+def _generated_dir(config: Any, workdir: str) -> str:
+  """Generates (once) the data described by config.data.generate."""
+  gen = config.data.generate.to_dict()
+  out = os.path.join(workdir, 'data', 'listops')
+  stamp = os.path.join(out, 'generator.json')
+  if os.path.exists(stamp):
+    with open(stamp) as f:
+      if json.load(f) == gen:
+        return out
+  generate_dataset(out, task_name=config.data.task_name, **gen)
+  with open(stamp, 'w') as f:
+    json.dump(gen, f)
+  return out
+
+
+def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
+  """The ListOps splits for `config` (see the module docstring).
+
+  With `config.data_dir` empty, a dataset is generated from
+  `config.data.generate` into `<workdir>/data/listops` (once) and read back.
+  """
+  _check_data_config(config.data)
+  data_dir = config.data_dir
+  generated = not data_dir
+  if generated:
+    data_dir = _generated_dir(config, workdir)
+  elif not os.path.isdir(data_dir):
+    raise FileNotFoundError(
+        f'config.data_dir={data_dir!r} is not a directory. It must hold '
+        f'{config.data.task_name}_{{train,val,test}}.tsv (the `listops-1000` '
+        'folder of the LRA release).')
+  length = config.data.pad_to_length or config.data.max_length
+  splits, labels = {}, {}
+  for split in SPLITS:
+    path = os.path.join(data_dir, f'{config.data.task_name}_{split}.tsv')
+    ids, labels[split] = read_tsv(path, config.data.max_length)
+    splits[split] = pipeline.ArraySource({
+        'inputs': pipeline.pad_or_truncate(ids, length, np.uint8),
+        'targets': labels[split]})
+  return pipeline.TaskData(
+      train=splits['train'], eval=splits['val'], test=splits['test'],
+      num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
+      notes={'data_dir': data_dir, 'generated': generated,
+             'vocabulary': 'fixed sorted (P6 fix)'})
+
+
+def main(argv: list[str]) -> None:
+  import argparse  # pylint: disable=g-import-not-at-top
+  p = argparse.ArgumentParser(description='Generate ListOps TSVs as LRA does.')
+  p.add_argument('--output_dir', required=True)
+  p.add_argument('--task_name', default='basic')
+  p.add_argument('--num_train', type=int, default=96000)
+  p.add_argument('--num_valid', type=int, default=2000)
+  p.add_argument('--num_test', type=int, default=2000)
+  p.add_argument('--min_length', type=int, default=500)
+  p.add_argument('--max_length', type=int, default=2000)
+  p.add_argument('--max_depth', type=int, default=10)
+  p.add_argument('--max_args', type=int, default=10)
+  p.add_argument('--seed', type=int, default=0)
+  args = vars(p.parse_args(argv))
+  paths = generate_dataset(args.pop('output_dir'), **args)
+  for split, path in paths.items():
+    print(f'{split}: {path}')
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

@@ -1,0 +1,366 @@
+"""The LRA encoder, its classifier heads and the Retrieval dual encoder.
+
+One encoder serves every task and every attention mechanism (PROTOCOL §3):
+token embedding, optional CLS token, position embedding, pre-LN blocks, final
+LayerNorm. The attention inside each block is looked up by name in
+`lra_msmra.attention.REGISTRY` and built from `attention_kw`, so unknown knobs
+fail at construction.
+
+Model-level parameters of a mechanism (shared by all layers) come from the
+class's `shared_module`: the encoder creates it once as `attention_shared` and
+passes its output to every layer. Mechanisms that carry their own positional
+information set `pos_emb='none'` in their configs.
+
+Two initialisation styles are available:
+
+* `'lra'` (PROTOCOL §3.1): embeddings N(0, emb_init_std), Xavier-uniform
+  attention and MLP kernels, MLP biases N(0, 1e-6), default Flax head.
+* `'torch'` (Xiong et al., PROTOCOL §8.2): PyTorch `nn.Linear` defaults,
+  U(+-1/sqrt(fan_in)) for kernels and biases, embeddings N(0, emb_init_std).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import flax.linen as nn
+from flax.core import FrozenDict
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_msmra import attention as attention_lib
+
+Array = jax.Array
+
+POOLINGS = ('CLS', 'MEAN', 'MASKED_MEAN', 'SUM', 'FLATTEN')
+POS_EMBS = ('sinusoidal', 'learned', 'none')
+INITS = ('lra', 'torch')
+DUAL_INTERACTIONS = ('concat', 'nli')
+
+
+def _torch_uniform(key, shape, dtype=jnp.float32, fan_in=None):
+  fan_in = fan_in if fan_in is not None else int(np.prod(shape[:-1]))
+  bound = 1.0 / math.sqrt(fan_in)
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
+def _initializers(init: str):
+  """Returns (kernel_init, bias_init_for(fan_in)) for an init style."""
+  if init == 'lra':
+    return (nn.initializers.xavier_uniform(),
+            lambda fan_in: nn.initializers.normal(stddev=1e-6))
+  if init == 'torch':
+    return (nn.initializers.variance_scaling(1 / 3, 'fan_in', 'uniform'),
+            lambda fan_in: (lambda k, s, d=jnp.float32:
+                            _torch_uniform(k, s, d, fan_in)))
+  raise ValueError(f'Unknown init {init!r}; valid: {INITS}.')
+
+
+def sinusoidal_table(length: int, features: int) -> np.ndarray:
+  """Interleaved sin/cos table of shape [length, features] (LRA layout).
+
+  PE[p, 2i] = sin(p * w_i), PE[p, 2i + 1] = cos(p * w_i),
+  w_i = exp(-2i ln(10000) / features).
+  """
+  table = np.zeros((length, features), dtype=np.float32)
+  position = np.arange(length)[:, None]
+  div = np.exp(np.arange(0, features, 2) * -(np.log(10000.0) / features))
+  table[:, 0::2] = np.sin(position * div)
+  table[:, 1::2] = np.cos(position * div)[:, : features // 2]
+  return table
+
+
+class MlpBlock(nn.Module):
+  """Dense -> GELU -> Dropout -> Dense -> Dropout."""
+  mlp_dim: int
+  dropout_rate: float
+  gelu_approximate: bool
+  init_style: str
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    kernel_init, bias_for = _initializers(self.init_style)
+    features = x.shape[-1]
+    x = nn.Dense(self.mlp_dim, kernel_init=kernel_init,
+                 bias_init=bias_for(features), dtype=self.dtype,
+                 name='dense_in')(x)
+    x = nn.gelu(x, approximate=self.gelu_approximate)
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = nn.Dense(features, kernel_init=kernel_init,
+                 bias_init=bias_for(self.mlp_dim), dtype=self.dtype,
+                 name='dense_out')(x)
+    return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+
+
+class EncoderBlock(nn.Module):
+  """Pre-LN block: x + Drop(Attn(LN(x))), then x + MLP(LN(x))."""
+  attention: str
+  attention_kw: Mapping[str, Any]
+  num_heads: int
+  qkv_dim: int
+  mlp_dim: int
+  dropout_rate: float
+  attention_dropout_rate: float
+  layer_norm_eps: float
+  gelu_approximate: bool
+  attention_bias: bool
+  init_style: str
+  causal: bool
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x: Array, *, padding_mask: Array, deterministic: bool,
+               shared: Any = None) -> Array:
+    attention_cls = attention_lib.get_attention(self.attention)
+    kernel_init, bias_for = _initializers(self.init_style)
+    init_kw = {}
+    if self.init_style == 'torch':
+      init_kw = dict(kernel_init=kernel_init, bias_init=bias_for(x.shape[-1]))
+    layer = attention_cls(
+        num_heads=self.num_heads, qkv_features=self.qkv_dim,
+        dropout_rate=self.attention_dropout_rate, causal=self.causal,
+        dtype=self.dtype, use_bias=self.attention_bias, name='attention',
+        **init_kw, **dict(self.attention_kw))
+    call_kw = {} if shared is None else {'shared': shared}
+    h = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                     name='ln_attention')(x)
+    h = layer(h, padding_mask=padding_mask, deterministic=deterministic,
+              **call_kw)
+    x = x + nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    h = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                     name='ln_mlp')(x)
+    h = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate,
+                 self.init_style, self.dtype, name='mlp')(
+                     h, deterministic=deterministic)
+    return x + h
+
+
+class Encoder(nn.Module):
+  """Token ids `[batch, length]` -> encodings `[batch, length(+1), emb_dim]`.
+
+  Attributes:
+    vocab_size: size of the token table; id 0 is padding.
+    max_len: longest input length (without CLS).
+    use_cls: prepend a learned CLS vector (zeros init); its mask entry copies
+      the first token's mask, as in LRA.
+    mask_padding: padding mask is `ids > 0` (LRA, also for pixels: P8); if
+      False every position is real.
+  """
+  vocab_size: int
+  max_len: int
+  num_layers: int
+  emb_dim: int
+  num_heads: int
+  qkv_dim: int
+  mlp_dim: int
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  attention: str = 'softmax'
+  attention_kw: Mapping[str, Any] = FrozenDict()
+  use_cls: bool = False
+  pos_emb: str = 'sinusoidal'
+  emb_init_std: float = 1.0
+  layer_norm_eps: float = 1e-6
+  gelu_approximate: bool = True
+  attention_bias: bool = False
+  init_style: str = 'lra'
+  mask_padding: bool = True
+  causal: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, ids: Array, *, deterministic: bool
+               ) -> tuple[Array, Array]:
+    """Returns (encodings, padding_mask), both with the CLS position if any."""
+    if ids.ndim != 2:
+      raise ValueError(f'Encoder expects ids [batch, length], got {ids.shape}.')
+    if ids.shape[1] > self.max_len:
+      raise ValueError(f'Input length {ids.shape[1]} exceeds max_len '
+                       f'{self.max_len}; raise config.model.max_len.')
+    padding_mask = ids > 0 if self.mask_padding else jnp.ones(ids.shape, bool)
+    x = nn.Embed(self.vocab_size, self.emb_dim,
+                 embedding_init=nn.initializers.normal(self.emb_init_std),
+                 name='embed')(ids).astype(self.dtype)
+    if self.use_cls:
+      cls = self.param('cls', nn.initializers.zeros, (1, 1, self.emb_dim))
+      cls = jnp.broadcast_to(cls, (x.shape[0], 1, self.emb_dim))
+      x = jnp.concatenate([cls.astype(self.dtype), x], axis=1)
+      padding_mask = jnp.concatenate([padding_mask[:, :1], padding_mask], 1)
+    length = x.shape[1]
+    table_len = self.max_len + int(self.use_cls)
+    if self.pos_emb == 'sinusoidal':
+      x = x + sinusoidal_table(table_len, self.emb_dim)[None, :length]
+    elif self.pos_emb == 'learned':
+      table = self.param('pos_embedding', nn.initializers.normal(0.02),
+                         (1, table_len, self.emb_dim))
+      x = x + table[:, :length].astype(self.dtype)
+    elif self.pos_emb != 'none':
+      raise ValueError(f'Unknown pos_emb {self.pos_emb!r}; valid: {POS_EMBS}.')
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+
+    attention_cls = attention_lib.get_attention(self.attention)
+    shared_module = attention_cls.shared_module(
+        dict(self.attention_kw), features=self.emb_dim, max_len=table_len,
+        name='attention_shared')
+    shared = None if shared_module is None else shared_module()
+
+    for i in range(self.num_layers):
+      x = EncoderBlock(
+          attention=self.attention, attention_kw=self.attention_kw,
+          num_heads=self.num_heads, qkv_dim=self.qkv_dim, mlp_dim=self.mlp_dim,
+          dropout_rate=self.dropout_rate,
+          attention_dropout_rate=self.attention_dropout_rate,
+          layer_norm_eps=self.layer_norm_eps,
+          gelu_approximate=self.gelu_approximate,
+          attention_bias=self.attention_bias, init_style=self.init_style,
+          causal=self.causal, dtype=self.dtype, name=f'block_{i}')(
+              x, padding_mask=padding_mask, deterministic=deterministic,
+              shared=shared)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
+                     name='encoder_norm')(x)
+    return x, padding_mask
+
+
+def pool(x: Array, padding_mask: Array, mode: str, zero_padded: bool) -> Array:
+  """Pools `[batch, length, features]` to `[batch, pooled_features]`.
+
+  Args:
+    x: encodings.
+    padding_mask: bool `[batch, length]`, True = real token.
+    mode: 'CLS' (position 0), 'MEAN' (over all positions, padding included:
+      LRA and Xiong, P9), 'MASKED_MEAN' (over real tokens), 'SUM', 'FLATTEN'.
+    zero_padded: zero padded positions first (Xiong et al. multiply the final
+      output by the mask).
+  """
+  if zero_padded:
+    x = x * padding_mask[..., None].astype(x.dtype)
+  if mode == 'CLS':
+    return x[:, 0]
+  if mode == 'MEAN':
+    return jnp.mean(x, axis=1)
+  if mode == 'MASKED_MEAN':
+    m = padding_mask[..., None].astype(x.dtype)
+    return jnp.sum(x * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+  if mode == 'SUM':
+    return jnp.sum(x, axis=1)
+  if mode == 'FLATTEN':
+    return x.reshape(x.shape[0], -1)
+  raise ValueError(f'Unknown pooling {mode!r}; valid: {POOLINGS}.')
+
+
+class ClassifierHead(nn.Module):
+  """Dense(h) -> ReLU for each hidden size, then Dense(num_classes)."""
+  hidden: Sequence[int]
+  num_classes: int
+  init_style: str
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kw = {}
+    if self.init_style == 'torch':
+      kernel_init, bias_for = _initializers('torch')
+    for i, h in enumerate(self.hidden):
+      if self.init_style == 'torch':
+        kw = dict(kernel_init=kernel_init, bias_init=bias_for(x.shape[-1]))
+      x = nn.relu(nn.Dense(h, name=f'hidden_{i}', **kw)(x))
+    if self.init_style == 'torch':
+      kw = dict(kernel_init=kernel_init, bias_init=bias_for(x.shape[-1]))
+    return nn.Dense(self.num_classes, name='logits', **kw)(x)
+
+
+def _encoder_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+  names = ('num_layers', 'emb_dim', 'num_heads', 'qkv_dim', 'mlp_dim',
+           'dropout_rate', 'attention_dropout_rate', 'attention', 'pos_emb',
+           'emb_init_std', 'layer_norm_eps', 'gelu_approximate',
+           'attention_bias', 'init_style', 'mask_padding', 'causal')
+  fields = {n: cfg[n] for n in names}
+  fields['attention_kw'] = FrozenDict(cfg['attention_kw'])
+  fields['dtype'] = jnp.dtype(cfg['dtype'])
+  return fields
+
+
+class Classifier(nn.Module):
+  """Single-input classifier: encoder, pooling, MLP head (PROTOCOL §3.1)."""
+  encoder: Encoder
+  pooling: str
+  zero_padded_outputs: bool
+  head_hidden: Sequence[int]
+  num_classes: int
+
+  @nn.compact
+  def __call__(self, batch: Mapping[str, Array], *, deterministic: bool
+               ) -> Array:
+    x, padding_mask = self.encoder(batch['inputs'], deterministic=deterministic)
+    pooled = pool(x, padding_mask, self.pooling, self.zero_padded_outputs)
+    return ClassifierHead(self.head_hidden, self.num_classes,
+                          self.encoder.init_style, name='head')(
+                              pooled.astype(jnp.float32))
+
+
+class DualEncoderClassifier(nn.Module):
+  """Retrieval: one shared encoder per document, pooled, combined, MLP head.
+
+  `interaction='concat'` gives `[u, v]` (LRA), `'nli'` gives
+  `[u, v, u*v, u-v]` (Xiong et al.). The encoder has no CLS token, so LRA's
+  'CLS' pooling takes the first byte of each document (PROTOCOL §3.2, P2).
+  """
+  encoder: Encoder
+  pooling: str
+  zero_padded_outputs: bool
+  head_hidden: Sequence[int]
+  num_classes: int
+  interaction: str
+
+  @nn.compact
+  def __call__(self, batch: Mapping[str, Array], *, deterministic: bool
+               ) -> Array:
+    pooled = []
+    for key in ('inputs', 'inputs2'):
+      x, padding_mask = self.encoder(batch[key], deterministic=deterministic)
+      pooled.append(pool(x, padding_mask, self.pooling,
+                         self.zero_padded_outputs).astype(jnp.float32))
+    u, v = pooled
+    if self.interaction == 'concat':
+      features = jnp.concatenate([u, v], axis=-1)
+    elif self.interaction == 'nli':
+      features = jnp.concatenate([u, v, u * v, u - v], axis=-1)
+    else:
+      raise ValueError(f'Unknown interaction {self.interaction!r}; valid: '
+                       f'{DUAL_INTERACTIONS}.')
+    return ClassifierHead(self.head_hidden, self.num_classes,
+                          self.encoder.init_style, name='head')(features)
+
+
+def create_model(model_config: Mapping[str, Any], *, vocab_size: int,
+                 num_classes: int, max_len: int, dual: bool) -> nn.Module:
+  """Builds the classifier described by `config.model` for a task.
+
+  Args:
+    model_config: `config.model` (see `lra_msmra.config_lib`).
+    vocab_size: token table size from the task data.
+    num_classes: number of labels.
+    max_len: input length of the task (without CLS).
+    dual: build the Retrieval dual encoder.
+  """
+  cfg = model_config
+  use_cls = cfg['pooling'] == 'CLS' and not dual
+  encoder = Encoder(vocab_size=vocab_size, max_len=max_len, use_cls=use_cls,
+                    **_encoder_fields(cfg))
+  head_hidden = tuple(cfg['head_hidden'])
+  if dual:
+    return DualEncoderClassifier(
+        encoder=encoder, pooling=cfg['pooling'],
+        zero_padded_outputs=cfg['zero_padded_outputs'],
+        head_hidden=head_hidden, num_classes=num_classes,
+        interaction=cfg['dual_interaction'])
+  return Classifier(encoder=encoder, pooling=cfg['pooling'],
+                    zero_padded_outputs=cfg['zero_padded_outputs'],
+                    head_hidden=head_hidden, num_classes=num_classes)
+
+
+def count_params(params: Any) -> int:
+  """Total number of scalars in a parameter tree."""
+  return int(sum(np.prod(p.shape) for p in jax.tree_util.tree_leaves(params)))
