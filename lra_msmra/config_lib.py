@@ -223,6 +223,39 @@ def apply_cst(c: ml_collections.ConfigDict, *, learning_rate: float,
       warmup_steps=warmup_steps))
 
 
+def apply_runlocal(c: ml_collections.ConfigDict, *,
+                   max_length: int | None) -> None:
+  """Shrinks a config to a CPU run of a few minutes (the `runlocal` option).
+
+  Keeps the protocol's optimizer and schedule family but shortens training;
+  the task's base config sets its small generated or mock data.
+
+  Args:
+    c: config to modify in place.
+    max_length: new `data.max_length` for text-like tasks (None: keep the
+      task's length, e.g. images).
+  """
+  if max_length is not None:
+    c.data.max_length = max_length
+    if c.data.get('pad_to_length'):
+      # Keep padding to a power of two as the Xiong et al. data does.
+      c.data.pad_to_length = 1 << (max_length - 1).bit_length()
+  m = c.model
+  m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 2, 64, 4, 64, 128
+  m.head_hidden = (128,)
+  c.batch_size = c.eval_batch_size = 32
+  c.num_train_steps = 1000
+  c.eval_every_steps = 250
+  c.log_every_steps = 50
+  c.checkpoint_every_steps = 250
+  s = c.schedule
+  s.warmup_steps = 200
+  if s.name == 'one_cycle':
+    s.max_learning_rate = 1e-3
+  elif s.name == 'warmup_linear_decay':
+    s.learning_rate = 1e-3
+
+
 _MODEL_CHOICES = {
     'pooling': ('CLS', 'MEAN', 'MASKED_MEAN', 'SUM', 'FLATTEN'),
     'pos_emb': ('sinusoidal', 'learned', 'none'),

@@ -19,8 +19,11 @@ import ml_collections
 from lra_msmra import config_lib
 
 
+OPTIONS = config_lib.OPTIONS
+
+
 def get_config(arg=None) -> ml_collections.ConfigDict:
-  opts = config_lib.parse_arg(arg)
+  opts = config_lib.parse_arg(arg, OPTIONS)
   c = config_lib.default_config()
   c.task = 'listops'
   c.data = ml_collections.ConfigDict()
@@ -59,25 +62,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                          eval_every_steps=200)
 
   if 'runlocal' in opts:
-    # Short expressions (under 100 tokens, depth <= 4) so a small model learns
-    # beyond the majority class within minutes on a CPU.
-    c.data.max_length = 100
-    c.data.pad_to_length = 128 if 'xiong' in opts else 0
+    config_lib.apply_runlocal(c, max_length=100)
+    # Short expressions (under 100 tokens, depth <= 4) so that a small model
+    # learns beyond the majority class within minutes on a CPU.
     c.data.generate = ml_collections.ConfigDict(dict(
         num_train=6000, num_valid=500, num_test=500, min_length=20,
         max_length=100, max_depth=4, max_args=5, seed=0))
-    m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 2, 64, 4, 64, 128
-    m.head_hidden = (128,)
-    c.batch_size = c.eval_batch_size = 32
     c.num_train_steps = 1500
-    c.eval_every_steps = 250
-    c.log_every_steps = 50
-    c.checkpoint_every_steps = 250
-    if c.schedule.name == 'factors':
-      c.schedule.warmup_steps = 200
-    else:
-      c.schedule.warmup_steps = 200
-      key = ('max_learning_rate' if c.schedule.name == 'one_cycle'
-             else 'learning_rate')
-      c.schedule[key] = 1e-3
   return c

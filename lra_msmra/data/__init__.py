@@ -16,15 +16,33 @@ from lra_msmra.data.pipeline import TaskData
 # Task name -> module under lra_msmra.data with get_datasets(config, workdir).
 TASKS = {
     'listops': 'listops',
+    'text': 'text',
+    'retrieval': 'retrieval',
+    'image': 'image',
+    'pathfinder': 'pathfinder',
+    'pathx': 'pathfinder',
 }
+
+
+def _task_module(config: Any):
+  if config.task not in TASKS:
+    raise ValueError(f'Unknown task {config.task!r}; valid: {sorted(TASKS)}.')
+  return importlib.import_module(f'lra_msmra.data.{TASKS[config.task]}')
 
 
 def get_datasets(config: Any, workdir: str) -> TaskData:
   """Returns the splits of `config.task`; `workdir` holds generated data."""
-  if config.task not in TASKS:
-    raise ValueError(f'Unknown task {config.task!r}; valid: {sorted(TASKS)}.')
-  module = importlib.import_module(f'lra_msmra.data.{TASKS[config.task]}')
-  return module.get_datasets(config, workdir)
+  return _task_module(config).get_datasets(config, workdir)
 
 
-__all__ = ['TASKS', 'TaskData', 'get_datasets']
+def get_model_spec(config: Any) -> dict[str, Any]:
+  """What the model needs from the task, from the config alone (no data).
+
+  Returns:
+    dict with `vocab_size`, `num_classes`, `max_len` and `dual`, equal to
+    what `get_datasets(config, ...)` would report.
+  """
+  return _task_module(config).get_model_spec(config)
+
+
+__all__ = ['TASKS', 'TaskData', 'get_datasets', 'get_model_spec']

@@ -246,6 +246,13 @@ def _generated_dir(config: Any, workdir: str) -> str:
   return out
 
 
+def get_model_spec(config: Any) -> dict[str, Any]:
+  _check_data_config(config.data)
+  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
+          'max_len': config.data.pad_to_length or config.data.max_length,
+          'dual': False}
+
+
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The ListOps splits for `config` (see the module docstring).
 

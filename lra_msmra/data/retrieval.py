@@ -1,0 +1,22 @@
+"""Retrieval: byte-level AAN document matching (PROTOCOL §5.3).
+
+The input pipeline lands with the task-pipelines issue; the model spec below
+is what configs and parameter budgets need.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+VOCAB_SIZE = 257  # byte + 1; 0 = padding.
+NUM_CLASSES = 2
+
+
+def get_model_spec(config: Any) -> dict[str, Any]:
+  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
+          'max_len': config.data.pad_to_length or config.data.max_length,
+          'dual': True}
+
+
+def get_datasets(config: Any, workdir: str):
+  raise NotImplementedError('The Retrieval input pipeline is not built yet.')

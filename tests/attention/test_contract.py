@@ -1,0 +1,171 @@
+"""The contract every registered attention mechanism must honour.
+
+Runs over every entry of `lra_msmra.attention.REGISTRY` (with the knobs listed
+in `harness.CONTRACT_CASES`), in bidirectional and causal form.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_msmra import attention
+from tests.attention import harness
+
+CASES = harness.all_cases()
+IDS = [f'{name}-{cid}' for name, cid, _ in CASES]
+BATCH, FEATURES = 2, 32
+LENGTHS = (16, 13)  # 13: not a multiple of any block size.
+
+
+def _inputs(length, seed=0):
+  x = jax.random.normal(jax.random.PRNGKey(seed), (BATCH, length, FEATURES))
+  # Example 0 is fully real; example 1 has its last third padded.
+  mask = np.ones((BATCH, length), bool)
+  mask[1, length - length // 3:] = False
+  return x, jnp.asarray(mask)
+
+
+def _harness(name, kw, **fields):
+  return harness.AttentionHarness(mechanism=name, kw=kw, **fields)
+
+
+def _build(name, kw, causal=False, **fields):
+  """Returns a harness, or None when the mechanism refuses `causal`."""
+  h = _harness(name, kw, causal=causal, **fields)
+  x, mask = _inputs(16)
+  try:
+    h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  except NotImplementedError:
+    if not causal:
+      raise
+    return None
+  return h
+
+
+def test_every_registered_mechanism_has_cases():
+  assert set(harness.CONTRACT_CASES) == set(attention.REGISTRY)
+
+
+def test_unknown_name_lists_valid_names():
+  with pytest.raises(ValueError, match='softmax'):
+    attention.get_attention('no_such_attention')
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('length', LENGTHS)
+def test_shape_jit_determinism_and_padding(name, cid, kw, causal, length):
+  h = _build(name, kw, causal=causal)
+  if h is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  x, mask = _inputs(length)
+  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  y = h.apply(variables, x, padding_mask=mask)
+  assert y.shape == (BATCH, length, FEATURES)
+  assert bool(jnp.all(jnp.isfinite(y)))
+
+  y_jit = jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m))(
+      variables, x, mask)
+  np.testing.assert_allclose(y_jit, y, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(h.apply(variables, x, padding_mask=mask), y)
+
+  # Padded tokens must not influence real-token outputs.
+  noise = 10.0 * jax.random.normal(jax.random.PRNGKey(7), x.shape)
+  x2 = jnp.where(mask[..., None], x, noise)
+  y2 = h.apply(variables, x2, padding_mask=mask)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(y2)[real], np.asarray(y)[real],
+                             rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+def test_out_features(name, cid, kw):
+  h = _harness(name, kw, out_features=24)
+  x, mask = _inputs(16)
+  _, y = harness.init_and_apply(h, x, mask)
+  assert y.shape == (BATCH, 16, 24)
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_gradients_finite(name, cid, kw, causal):
+  h = _build(name, kw, causal=causal)
+  if h is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  x, mask = _inputs(16)
+  mask = mask.at[1, 4:].set(False)  # long padded run (whole blocks).
+  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+
+  def loss(v, a):
+    return jnp.sum(h.apply(v, a, padding_mask=mask) ** 2)
+  gv, gx = jax.grad(loss, argnums=(0, 1))(variables, x)
+  for g in jax.tree_util.tree_leaves((gv, gx)):
+    assert bool(jnp.all(jnp.isfinite(g)))
+  assert any(float(jnp.abs(g).sum()) > 0
+             for g in jax.tree_util.tree_leaves(gv['params']))
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+def test_dropout_needs_rng_and_changes_output(name, cid, kw):
+  h = _harness(name, kw, dropout_rate=0.5)
+  x, mask = _inputs(16)
+  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  y_det = h.apply(variables, x, padding_mask=mask, deterministic=True)
+  y_a = h.apply(variables, x, padding_mask=mask, deterministic=False,
+                rngs={'dropout': jax.random.PRNGKey(1)})
+  y_b = h.apply(variables, x, padding_mask=mask, deterministic=False,
+                rngs={'dropout': jax.random.PRNGKey(1)})
+  np.testing.assert_array_equal(y_a, y_b)
+  assert y_a.shape == y_det.shape
+  assert bool(jnp.all(jnp.isfinite(y_a)))
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('layers', [1, 2])
+def test_causal_no_future_leakage(name, cid, kw, layers):
+  h = _build(name, kw, causal=True)
+  if h is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  length = 16
+  x, _ = _inputs(length)
+  mask = jnp.ones((BATCH, length), bool)
+  variables = [h.init(jax.random.PRNGKey(i), x, padding_mask=mask)
+               for i in range(layers)]
+
+  def stack(a):
+    m = jnp.ones(a.shape[:2], bool)
+    for v in variables:
+      a = a + h.apply(v, a, padding_mask=m)
+    return a
+
+  # d y_i / d x_j must vanish for every j > i.
+  jac = jax.jacrev(lambda a: stack(a[None])[0])(x[0])  # [N, D, N, D]
+  influence = np.abs(np.asarray(jac)).sum(axis=(1, 3))  # [i, j]
+  future = np.triu(np.ones((length, length), bool), k=1)
+  assert influence[future].max() == 0.0, 'output depends on future inputs'
+  assert influence[~future].max() > 0.0
+
+  # Perturbing the last positions leaves earlier outputs bit-identical.
+  y = stack(x)
+  x2 = x.at[:, 11:].add(3.0)
+  np.testing.assert_array_equal(np.asarray(stack(x2))[:, :11],
+                                np.asarray(y)[:, :11])
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+def test_bfloat16_runs_and_tracks_float32(name, cid, kw):
+  x, mask = _inputs(16)
+  h32 = _harness(name, kw)
+  h16 = _harness(name, kw, dtype=jnp.bfloat16)
+  variables = h32.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  y32 = h32.apply(variables, x, padding_mask=mask)
+  y16 = h16.apply(variables, x, padding_mask=mask)
+  assert y16.dtype == jnp.bfloat16
+  for leaf in jax.tree_util.tree_leaves(variables):
+    assert leaf.dtype == jnp.float32
+  real = np.asarray(mask)
+  err = np.abs(np.asarray(y16, np.float32) - np.asarray(y32))[real]
+  scale = np.abs(np.asarray(y32))[real].mean()
+  assert bool(np.all(np.isfinite(err)))
+  assert err.mean() < 0.05 * scale + 1e-3

@@ -1,0 +1,82 @@
+"""Every config file loads, validates, names a registered attention, and keeps
+the LRA parameter budget (PROTOCOL §10.2, §11)."""
+
+import glob
+import os
+
+import jax
+import pytest
+
+from lra_msmra import attention
+from lra_msmra import config_lib
+from lra_msmra import data as data_lib
+from lra_msmra import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_FILES = sorted(
+    f for f in glob.glob(os.path.join(ROOT, 'configs', '*', '*.py'))
+    if os.path.basename(f) != 'base.py')
+IDS = [os.path.relpath(f, ROOT) for f in CONFIG_FILES]
+
+# Parameters of the LRA Transformer of each task (PROTOCOL §11).
+LRA_BUDGET = {
+    'listops': 8_948_746,
+    'text': 3_486_722,
+    'retrieval': 1_087_618,
+    'image': 248_458,
+    'pathfinder': 26_530,
+    'pathx': 537_954,
+}
+
+
+def load(path, arg=None):
+  module = config_lib.load_sibling(path, os.path.basename(path)[:-3])
+  return module.get_config(arg)
+
+
+def num_params(config):
+  spec = data_lib.get_model_spec(config)
+  state = train.abstract_train_state(config, spec)
+  return sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+
+
+def config_args(path):
+  """Every combination of options the config's task base accepts."""
+  base = config_lib.load_sibling(path, 'base')
+  protocols = [p for p in base.OPTIONS if p != 'runlocal']
+  args = [None] + protocols
+  if 'runlocal' in base.OPTIONS:
+    args += ['runlocal'] + [f'{p},runlocal' for p in protocols]
+  return args
+
+
+CASES = [(p, a) for p in CONFIG_FILES for a in config_args(p)]
+
+
+@pytest.mark.parametrize('path,arg', CASES,
+                         ids=[f'{os.path.relpath(p, ROOT)}:{a}' for p, a in CASES])
+def test_config_loads_and_validates(path, arg):
+  config = load(path, arg)
+  config_lib.validate(config)
+  assert config.model.attention in attention.REGISTRY
+  assert config.task in data_lib.TASKS
+  assert config.protocol == config_lib.protocol_of(
+      config_lib.parse_arg(arg))
+
+
+@pytest.mark.parametrize('path', CONFIG_FILES, ids=IDS)
+def test_lra_protocol_within_parameter_budget(path):
+  config = load(path)
+  budget = LRA_BUDGET[config.task]
+  n = num_params(config)
+  if config.model.attention == 'softmax':
+    assert n == budget
+  assert n <= 1.1 * budget, f'{n} parameters > 110% of {budget}'
+
+
+def test_unknown_option_is_an_error():
+  with pytest.raises(ValueError, match='runlocal'):
+    load(os.path.join(ROOT, 'configs', 'listops', 'transformer.py'),
+         'runlcoal')
+  with pytest.raises(ValueError, match='runlocal'):
+    load(os.path.join(ROOT, 'configs', 'pathx', 'transformer.py'), 'xiong')
