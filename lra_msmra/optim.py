@@ -134,8 +134,9 @@ def one_cycle_schedules(cfg: Mapping[str, Any], num_train_steps: int,
     t = jnp.asarray(step, jnp.float32)
     pct_up = t / max(end_up, 1e-9)
     pct_down = (t - end_up) / max(end_down - end_up, 1e-9)
-    up = a_up + (b_up - a_up) * pct_up
-    down = a_down + (b_down - a_down) * pct_down
+    # (1 - p) a + p b is exact at both ends in float32, unlike a + (b - a) p.
+    up = (1 - pct_up) * a_up + pct_up * b_up
+    down = (1 - pct_down) * a_down + pct_down * b_down
     return jnp.where(t <= end_up, up, down)
 
   return (lambda s: interp(s, initial, max_lr, max_lr, final),

@@ -1,0 +1,175 @@
+"""ListOps: generator semantics, determinism and file format; reader errors."""
+
+import os
+import random
+
+import ml_collections
+import numpy as np
+import pytest
+
+from lra_msmra.data import listops
+from lra_msmra.data import pipeline
+
+
+def parse(expr):
+  """Builds LRA's nested-pair tree from a bracket expression like
+  '[MAX 2 9 ]' (operators take the following values up to ']')."""
+  tokens = expr.replace('[', ' [').replace(']', ' ] ').split()
+  pos = 0
+
+  def node():
+    nonlocal pos
+    tok = tokens[pos]
+    pos += 1
+    if tok.startswith('['):
+      children = []
+      while tokens[pos] != ']':
+        children.append(node())
+      pos += 1
+      tree = (tok, children[0])
+      for c in children[1:]:
+        tree = (tree, c)
+      return (tree, ']')
+    return int(tok)
+  return node()
+
+
+@pytest.mark.parametrize('expr,label', [
+    ('[MED 1 2 ]', 1), ('[MED 0 9 ]', 4), ('[MED 1 2 3 4 ]', 2),
+    ('[MED 5 5 6 7 ]', 5), ('[SM 1 2 3 4 ]', 0), ('[SM 5 5 6 7 ]', 3),
+    ('[MIN 4 [MAX 2 9 ] 7 ]', 4), ('[MAX 2 9 ]', 9),
+    ('[SM [MED 3 8 ] 9 [MIN 6 2 ] ]', 6),
+])
+def test_label_semantics(expr, label):
+  assert listops.to_value(parse(expr)) == label
+
+
+def test_serialisation_matches_lra():
+  assert listops.to_string(parse('[MAX 2 9 ]')) == '( ( ( [MAX 2 ) 9 ) ] )'
+  tokens = listops.tokenize(listops.to_string(parse('[MIN 4 [MAX 2 9 ] ]')))
+  assert tokens == ['[MIN', '4', '[MAX', '2', '9', 'X', 'X']
+
+
+def test_tree_length_counts_tokens_after_preprocessing():
+  rng = random.Random(3)
+  for _ in range(300):
+    tree, length = listops.generate_tree(rng, 1, 6, 5)
+    assert len(listops.tokenize(listops.to_string(tree))) == length
+
+
+def test_examples_in_length_band_distinct_and_seeded():
+  ex = listops.generate_examples(40, min_length=20, max_length=60,
+                                 max_depth=5, max_args=5, seed=1)
+  lengths = [len(listops.tokenize(s)) for s, _ in ex]
+  assert min(lengths) > 20 and max(lengths) < 60
+  assert len({s for s, _ in ex}) == 40
+  assert all(0 <= y <= 9 for _, y in ex)
+  assert ex == listops.generate_examples(40, min_length=20, max_length=60,
+                                         max_depth=5, max_args=5, seed=1)
+  assert ex != listops.generate_examples(40, min_length=20, max_length=60,
+                                         max_depth=5, max_args=5, seed=2)
+
+
+def test_files_in_official_format(tmp_path):
+  paths = listops.generate_dataset(str(tmp_path), num_train=5, num_valid=3,
+                                   num_test=2, min_length=5, max_length=40,
+                                   max_depth=4, max_args=4, seed=0)
+  assert sorted(os.listdir(tmp_path)) == [
+      'basic_test.tsv', 'basic_train.tsv', 'basic_val.tsv']
+  raw = open(paths['train'], 'rb').read()
+  lines = raw.split(b'\r\n')
+  assert lines[0] == b'Source\tTarget' and lines[-1] == b''
+  assert len(lines) == 7 and all(b'\t' in l for l in lines[1:-1])
+  src, tgt = lines[1].decode().split('\t')
+  assert src.startswith('( ') and 0 <= int(tgt) <= 9
+
+
+def test_fixed_sorted_vocabulary():
+  assert listops.VOCAB_SIZE == 17
+  assert list(listops.VOCAB) == sorted(listops.VOCAB)
+  assert listops.VOCAB['0'] == 1 and listops.VOCAB['[SM'] == 15
+
+
+def test_reader_round_trip(tmp_path):
+  rows = listops.generate_examples(6, min_length=5, max_length=40,
+                                   max_depth=4, max_args=4, seed=0)
+  path = str(tmp_path / 'basic_val.tsv')
+  listops.write_tsv(path, rows)
+  ids, labels = listops.read_tsv(path)
+  assert labels.tolist() == [y for _, y in rows]
+  inv = {v: k for k, v in listops.VOCAB.items()}
+  for (src, _), seq in zip(rows, ids):
+    assert [inv[i] for i in seq] == listops.tokenize(src)
+
+
+def _write(tmp_path, text):
+  path = tmp_path / 'basic_train.tsv'
+  path.write_bytes(text.encode())
+  return str(path)
+
+
+@pytest.mark.parametrize('content,match', [
+    ('Src\tTarget\r\n( [MAX 1 ) ]\t1\r\n', r'basic_train.tsv:1: expected'),
+    ('Source\tTarget\r\n( ( [MAX 1 ) 2 ) ]\r\n', r'basic_train.tsv:2: expected 2'),
+    ('Source\tTarget\r\n( ( [MAX 1 ) 2 ) ]\t12\r\n', r':2: Target 12'),
+    ('Source\tTarget\r\n( ( [MAX 1 ) 2 ) ]\t3\r\n( [FOO 1 ) ]\t3\r\n',
+     r":3: unknown token\(s\) \['\[FOO'\]"),
+    ('Source\tTarget\r\n( ( [MAX 1 ) 2 ) ]\tseven\r\n', r':2: Target'),
+    ('Source\tTarget\r\n', r'no examples'),
+])
+def test_reader_errors_name_file_and_line(tmp_path, content, match):
+  with pytest.raises(ValueError, match=match):
+    listops.read_tsv(_write(tmp_path, content))
+
+
+def test_missing_file_says_how_to_get_data(tmp_path):
+  with pytest.raises(FileNotFoundError, match='lra_release'):
+    listops.read_tsv(str(tmp_path / 'basic_test.tsv'))
+
+
+def _data_config(data_dir=''):
+  c = ml_collections.ConfigDict()
+  c.data_dir = data_dir
+  c.data = ml_collections.ConfigDict(dict(
+      task_name='basic', max_length=64, pad_to_length=0,
+      generate=dict(num_train=20, num_valid=6, num_test=6, min_length=5,
+                    max_length=40, max_depth=4, max_args=4, seed=0)))
+  return c
+
+
+def test_get_datasets_generates_once_and_batches(tmp_path):
+  config = _data_config()
+  data = listops.get_datasets(config, str(tmp_path))
+  assert (len(data.train), len(data.eval), len(data.test)) == (20, 6, 6)
+  assert data.vocab_size == 17 and data.num_classes == 10
+  assert data.max_len == 64 and not data.dual
+  stamp = tmp_path / 'data' / 'listops' / 'generator.json'
+  mtime = os.path.getmtime(stamp)
+  listops.get_datasets(config, str(tmp_path))
+  assert os.path.getmtime(stamp) == mtime
+  batch = pipeline.TrainBatches(data.train, 4, seed=0).get(0)
+  assert set(batch) == {'inputs', 'targets'}
+  assert batch['inputs'].shape == (4, 64) and batch['inputs'].dtype == np.int32
+  assert batch['targets'].dtype == np.int32
+  assert spec_matches(config, data)
+
+
+def spec_matches(config, data):
+  return listops.get_model_spec(config) == {
+      'vocab_size': data.vocab_size, 'num_classes': data.num_classes,
+      'max_len': data.max_len, 'dual': data.dual}
+
+
+def test_pad_to_length_and_bad_data_dir(tmp_path):
+  config = _data_config()
+  config.data.pad_to_length = 128
+  data = listops.get_datasets(config, str(tmp_path))
+  assert data.train.get(np.arange(2))['inputs'].shape == (2, 128)
+  assert spec_matches(config, data)
+  with pytest.raises(FileNotFoundError, match='listops-1000'):
+    listops.get_datasets(_data_config(str(tmp_path / 'nowhere')),
+                         str(tmp_path))
+  bad = _data_config()
+  bad.data.unknown_key = 1
+  with pytest.raises(ValueError, match='unknown_key'):
+    listops.get_datasets(bad, str(tmp_path))
