@@ -1,0 +1,165 @@
+"""The trainer: smoke run, sharding, checkpoints, resume, failure modes."""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lra_msmra
+from lra_msmra import data as data_lib
+from lra_msmra import sharding
+from lra_msmra import train
+from lra_msmra.data import pipeline
+from tests import helpers
+
+
+@pytest.fixture(scope='module')
+def finished_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('run'))
+  config = helpers.tiny_listops_config()
+  results = train.train_and_evaluate(config, workdir)
+  return config, workdir, results
+
+
+def test_smoke_run_writes_everything(finished_run):
+  config, workdir, results = finished_run
+  for name in ('results.json', 'config.json', 'model_spec.json'):
+    assert os.path.exists(os.path.join(workdir, name))
+  on_disk = json.load(open(os.path.join(workdir, 'results.json')))
+  assert on_disk['final']['step'] == 4
+  for key in ('final', 'best'):
+    for metric in ('val_accuracy', 'test_accuracy', 'step'):
+      assert metric in on_disk[key]
+  assert on_disk['reported'] == 'final'
+  assert on_disk['test_accuracy'] == on_disk['final']['test_accuracy']
+  assert on_disk['test_examples'] == 16
+  assert 0 < on_disk['test_majority_rate'] <= 1
+  tb = os.listdir(os.path.join(workdir, 'tensorboard'))
+  assert any(f.startswith('events.out.tfevents') for f in tb)
+  lines = open(os.path.join(workdir, 'tensorboard', 'metrics.jsonl')).read()
+  assert 'train/grad_norm' in lines and 'val/accuracy' in lines
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
+  assert results['num_params'] > 0
+
+
+def _evaluate(model, params, source, batch_size=8):
+  mesh = sharding.create_mesh()
+  fn = jax.jit(functools.partial(train.eval_step, model=model))
+  return train.evaluate(fn, params, source, batch_size, -1, mesh)
+
+
+def test_checkpoint_round_trip_through_load_checkpoint(finished_run):
+  config, workdir, results = finished_run
+  data = data_lib.get_datasets(config, workdir)
+  loaded_config, model, params = lra_msmra.load_checkpoint(workdir, 'best')
+  assert loaded_config.to_dict() == config.to_dict()
+  val = _evaluate(model, params, data.eval)
+  assert val['accuracy'] == pytest.approx(results['best']['val_accuracy'])
+  test = _evaluate(model, params, data.test)
+  assert test['accuracy'] == pytest.approx(results['best']['test_accuracy'])
+  _, model, params = lra_msmra.load_checkpoint(workdir, 'latest')
+  test = _evaluate(model, params, data.test)
+  assert test['accuracy'] == pytest.approx(results['final']['test_accuracy'])
+  with pytest.raises(FileNotFoundError, match='step 3'):
+    lra_msmra.load_checkpoint(workdir, 3)
+
+
+def _final_params(workdir):
+  return lra_msmra.load_checkpoint(workdir, 'latest')[2]
+
+
+def test_resume_continues_at_the_right_step(tmp_path, finished_run):
+  _, full_dir, full_results = finished_run
+  workdir = str(tmp_path)
+  train.train_and_evaluate(helpers.tiny_listops_config(num_train_steps=2),
+                           workdir)
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+  resumed = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
+  assert resumed['final']['step'] == 4
+  # The resumed run is the uninterrupted run, bit for bit.
+  jax.tree.map(np.testing.assert_array_equal, _final_params(workdir),
+               _final_params(full_dir))
+  assert resumed['final'] == full_results['final']
+  lines = [json.loads(l) for l in open(
+      os.path.join(workdir, 'tensorboard', 'metrics.jsonl'))]
+  steps = [l['step'] for l in lines if 'train/loss' in l]
+  assert steps == [2, 4]
+
+
+def test_resume_with_a_different_config_is_refused(finished_run):
+  _, workdir, _ = finished_run
+  with pytest.raises(ValueError, match='different config'):
+    train.train_and_evaluate(helpers.tiny_listops_config(seed=1), workdir)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  config = helpers.tiny_listops_config(checkpoint_every_steps=1,
+                                       log_every_steps=1)
+  config.schedule.update(factors='constant', base_learning_rate=1e30)
+  with pytest.raises(FloatingPointError, match='Non-finite') as err:
+    train.train_and_evaluate(config, str(tmp_path))
+  saved = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints'))
+  assert saved and str(saved[-1]) in str(err.value)
+  params = lra_msmra.load_checkpoint(str(tmp_path), saved[-1])[2]
+  assert all(bool(jnp.all(jnp.isfinite(p)))
+             for p in jax.tree_util.tree_leaves(params))
+
+
+def test_batch_size_must_divide_devices(tmp_path):
+  config = helpers.tiny_listops_config(batch_size=12)
+  with pytest.raises(ValueError, match='divisible by 8 devices'):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def _one_step(config, mesh, batch):
+  spec = data_lib.get_model_spec(config)
+  model, tx, schedule = train.build(config, spec)
+  state = train.create_train_state(jax.random.PRNGKey(0), model, tx,
+                                   train.example_batch(spec))
+  rep = sharding.replicated(mesh)
+  state = jax.device_put(state, rep)
+  step = jax.jit(functools.partial(
+      train.train_step, model=model, tx=tx, schedule=schedule,
+      grad_accum_steps=config.grad_accum_steps),
+                 out_shardings=(rep, rep))
+  new_state, metrics = step(state, sharding.to_global(batch, mesh))
+  return jax.device_get(new_state.params), jax.device_get(metrics)
+
+
+@pytest.fixture(scope='module')
+def listops_batch(tmp_path_factory):
+  config = helpers.tiny_listops_config()
+  data = data_lib.get_datasets(config, str(tmp_path_factory.mktemp('d')))
+  return pipeline.TrainBatches(data.train, 8, seed=0).get(0)
+
+
+def test_eight_devices_match_one_device(listops_batch):
+  config = helpers.tiny_listops_config()
+  config.schedule.update(factors='constant', base_learning_rate=1e-3)
+  assert jax.device_count() == 8
+  p8, m8 = _one_step(config, sharding.create_mesh(), listops_batch)
+  p1, m1 = _one_step(config, sharding.create_mesh(jax.devices()[:1]),
+                     listops_batch)
+  np.testing.assert_allclose(m8['loss_sum'], m1['loss_sum'], rtol=1e-5)
+  np.testing.assert_allclose(m8['grad_norm'], m1['grad_norm'], rtol=1e-4)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4,
+                                 atol=1e-6), p8, p1)
+
+
+def test_gradient_accumulation_equals_full_batch(listops_batch):
+  config = helpers.tiny_listops_config()
+  config.model.dropout_rate = config.model.attention_dropout_rate = 0.0
+  config.schedule.update(factors='constant', base_learning_rate=1e-3)
+  mesh = sharding.create_mesh(jax.devices()[:2])
+  p_full, m_full = _one_step(config, mesh, listops_batch)
+  config.grad_accum_steps = 4
+  p_acc, m_acc = _one_step(config, mesh, listops_batch)
+  np.testing.assert_allclose(m_acc['loss_sum'], m_full['loss_sum'], rtol=1e-5)
+  np.testing.assert_allclose(m_acc['grad_norm'], m_full['grad_norm'],
+                             rtol=1e-4)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4,
+                                 atol=1e-6), p_acc, p_full)
