@@ -20,6 +20,11 @@ from lra_msmra import attention
 # A new mechanism adds its line here.
 CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'softmax': [('default', {})],
+    'adamra': [('default', {}),
+               ('single_unmasked_st', {'projections': 'single',
+                                       'segment_means': 'unmasked',
+                                       'router_gate': 'straight_through',
+                                       'compression_rates': (1, 1 / 4)})],
 }
 
 
