@@ -8,10 +8,12 @@ line below.
 from __future__ import annotations
 
 from lra_msmra.attention.base import Attention
+from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
+    'long_short': LongShortAttention,
 }
 
 

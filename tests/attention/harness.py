@@ -20,6 +20,9 @@ from lra_msmra import attention
 # A new mechanism adds its line here.
 CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'softmax': [('default', {})],
+    'long_short': [('default', {}),
+                   ('w3_r2', {'window_size': 3, 'num_landmarks': 2}),
+                   ('conv', {'conv_kernel_size': 3})],
 }
 
 
