@@ -70,10 +70,11 @@ Where we depart from both, or where they are silent:
   there, plus the convolution term.
 * A sequence with no real token gives zero outputs instead of NaN: every
   softmax here is a safe softmax (rows without a valid entry get zero weight).
-* Lengths not divisible by w (bidirectional) or by l and w (causal) are
+* Lengths not divisible by w (bidirectional) or by lcm(l, w) (causal) are
   right-padded internally with masked positions, then cropped. The official
-  LRA code requires N % w == 0 and its data scripts pad with masked zeros,
-  which is the same function.
+  LRA code requires N % w == 0 and its data scripts pad with masked zeros;
+  the official autoregressive evaluation pads to a multiple of lcm(l, w):
+  both are the same function.
 * The LRA harness's CLS token that joins only the last layer's attention
   (`--cls_last_layer`) is not part of this module; pooling is the encoder's.
 * Causal form, cache-free: positions before 0 are masked. The official
@@ -160,13 +161,15 @@ class LongShortAttention(base.Attention):
     num_landmarks: r, dynamic-projection vectors per head (per chunk and head
       when causal; the official autoregressive scripts use 1). 0 disables the
       long-range part.
-    chunk_size: l, the causal chunk length (default 16, the official
-      autoregressive scripts' value). Only for `causal=True`.
+    chunk_size: l, the causal chunk length (None = 16, the official
+      autoregressive scripts' value). Only for `causal=True` with
+      `num_landmarks > 0`.
     conv_kernel_size: k > 0 adds a zero-initialised depthwise convolution of
       odd width k over the values (bidirectional only); 0 = off (LRA scripts).
     normalize_before_compress: compress LN_L(W_k X), LN_L(W_v X) (True) or the
       raw W_k X, W_v X (False) before LN_G. None follows the official code of
-      each form: True bidirectional, False causal.
+      each form: True bidirectional, False causal. Only with
+      `num_landmarks > 0`.
   """
   window_size: int = 8
   num_landmarks: int = 32
@@ -185,9 +188,16 @@ class LongShortAttention(base.Attention):
         self.conv_kernel_size and self.conv_kernel_size % 2 == 0):
       raise ValueError(f'conv_kernel_size={self.conv_kernel_size} must be 0 '
                        '(off) or odd, so that the output keeps the length.')
+    if r == 0 and self.normalize_before_compress is not None:
+      raise ValueError('normalize_before_compress only affects the dynamic '
+                       'projection, which num_landmarks=0 turns off; leave '
+                       'it None.')
     if self.causal:
       if self.chunk_size is not None and self.chunk_size < 1:
         raise ValueError(f'chunk_size={self.chunk_size} must be >= 1.')
+      if self.chunk_size is not None and r == 0:
+        raise ValueError('chunk_size only affects the dynamic projection, '
+                         'which num_landmarks=0 turns off; leave it None.')
       if self.conv_kernel_size:
         raise NotImplementedError(
             'conv_kernel_size > 0 has no causal form (the official code only '
@@ -222,10 +232,9 @@ class LongShortAttention(base.Attention):
     _, head_dim, out_features = self.head_dims(x)
     w, r = self.window_size, self.num_landmarks
     chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
-    if self.causal:
-      multiple = math.lcm(chunk, w) if w else chunk
-    else:
-      multiple = max(w, 1)
+    # Whole segments (bidirectional) or chunks and window blocks (causal,
+    # like the official autoregressive evaluation, which pads to lcm(l, w)).
+    multiple = math.lcm(max(w, 1), chunk if self.causal and r else 1)
     length = x.shape[1]
     x, padding_mask, _ = base.pad_to_multiple(x, padding_mask, multiple)
     x = x.astype(self.dtype)

@@ -481,6 +481,10 @@ def test_sows_long_range_mass_metric():
     (dict(conv_kernel_size=4), ValueError, 'odd'),
     (dict(conv_kernel_size=3, causal=True), NotImplementedError, 'causal'),
     (dict(chunk_size=0, causal=True), ValueError, 'chunk_size'),
+    (dict(chunk_size=4, num_landmarks=0, causal=True), ValueError,
+     'num_landmarks=0'),
+    (dict(normalize_before_compress=True, num_landmarks=0), ValueError,
+     'num_landmarks=0'),
 ])
 def test_invalid_knobs_raise(kw, error, match):
   x, mask = _inputs(8)
