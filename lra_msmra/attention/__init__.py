@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
+from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
     'adamra': AdaMRAAttention,
+    'long_short': LongShortAttention,
 }
 
 

@@ -25,6 +25,9 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
                                        'segment_means': 'unmasked',
                                        'router_gate': 'straight_through',
                                        'compression_rates': (1, 1 / 4)})],
+    'long_short': [('default', {}),
+                   ('w3_r2', {'window_size': 3, 'num_landmarks': 2}),
+                   ('conv', {'conv_kernel_size': 3})],
 }
 
 
