@@ -65,15 +65,16 @@ def test_shape_jit_determinism_and_padding(name, cid, kw, causal, length):
   assert y.shape == (BATCH, length, FEATURES)
   assert bool(jnp.all(jnp.isfinite(y)))
 
-  y_jit = jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m))(
-      variables, x, mask)
+  apply = jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m))
+  y_jit = apply(variables, x, mask)
   np.testing.assert_allclose(y_jit, y, rtol=1e-4, atol=1e-5)
-  np.testing.assert_array_equal(h.apply(variables, x, padding_mask=mask), y)
+  np.testing.assert_array_equal(apply(variables, x, mask), y_jit)
 
   # Padded tokens must not influence real-token outputs.
   noise = 10.0 * jax.random.normal(jax.random.PRNGKey(7), x.shape)
   x2 = jnp.where(mask[..., None], x, noise)
-  y2 = h.apply(variables, x2, padding_mask=mask)
+  y2 = apply(variables, x2, mask)
+  y = y_jit
   real = np.asarray(mask)
   np.testing.assert_allclose(np.asarray(y2)[real], np.asarray(y)[real],
                              rtol=1e-4, atol=1e-5)
@@ -99,7 +100,7 @@ def test_gradients_finite(name, cid, kw, causal):
 
   def loss(v, a):
     return jnp.sum(h.apply(v, a, padding_mask=mask) ** 2)
-  gv, gx = jax.grad(loss, argnums=(0, 1))(variables, x)
+  gv, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, x)
   for g in jax.tree_util.tree_leaves((gv, gx)):
     assert bool(jnp.all(jnp.isfinite(g)))
   assert any(float(jnp.abs(g).sum()) > 0
@@ -140,7 +141,8 @@ def test_causal_no_future_leakage(name, cid, kw, layers):
     return a
 
   # d y_i / d x_j must vanish for every j > i.
-  jac = jax.jacrev(lambda a: stack(a[None])[0])(x[0])  # [N, D, N, D]
+  stack = jax.jit(stack)
+  jac = jax.jit(jax.jacrev(lambda a: stack(a[None])[0]))(x[0])  # [N, D, N, D]
   influence = np.abs(np.asarray(jac)).sum(axis=(1, 3))  # [i, j]
   future = np.triu(np.ones((length, length), bool), k=1)
   assert influence[future].max() == 0.0, 'output depends on future inputs'
