@@ -20,6 +20,10 @@ from lra_msmra import attention
 # A new mechanism adds its line here.
 CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'softmax': [('default', {})],
+    'cst': [('l4', {'slice_length': 4}),
+            ('l4_alpha2_max_untied_global_first',
+             {'slice_length': 4, 'alpha': 2, 'aggregation': 'max',
+              'share_local_global': False, 'composition': 'global_first'})],
 }
 
 
