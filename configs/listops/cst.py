@@ -3,6 +3,10 @@ r"""ListOps with Composite Slice Attention (`cst`, ATTENTIONS §1).
   python -m lra_msmra.main --config configs/listops/cst.py:runlocal \
       --workdir /tmp/listops_cst
 
+`runlocal` (generated expressions of at most 100 tokens, 1500 steps, L = 8:
+13 slices) reached 35.0% test accuracy against a majority-class rate of
+12.6% (the softmax Transformer: 34.8%), in about 4 minutes on a 2-core CPU.
+
 Without an option: the official LRA config (PROTOCOL §5.1) with only the
 attention swapped. 2000 tokens plus CLS are padded inside each layer to 2008
 (251 slices of 8). MS-VIPE replaces the input position embedding; the model

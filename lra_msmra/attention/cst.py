@@ -84,6 +84,12 @@ Choices we made where the paper is silent (ATTENTIONS §1.9 numbers these):
   slice to D (a convolution with kernel = stride = L over the zeroed padded
   tokens, as the paper describes), Xavier-initialised; 'max' takes the
   maximum over real tokens (zero for an empty slice).
+* A CLS token (the LRA-protocol configs pool on it) is simply position 0 of
+  slice 0. The paper (A.8) finds CLS awkward for CST and pools by the mean,
+  which the `:cst` protocol option does.
+* Numerics: with dtype=bfloat16 the projections run in bf16, while logits,
+  softmax and the slice means accumulate in float32; the tables are float32
+  parameters cast to the activation dtype when added.
 * `out_features` other than the input width: the layer computes CSA at the
   input width (the local output must fit the shared Q/K/V projections of the
   global attention) and maps the result with one extra linear layer
@@ -122,8 +128,8 @@ def check_slicing(slice_length: Any, alpha: Any) -> None:
       or slice_length < 1):
     raise ValueError(f'slice_length={slice_length!r} must be a positive '
                      'integer.')
-  if isinstance(alpha, bool) or alpha not in ALPHAS or not isinstance(
-      alpha, int):
+  if (not isinstance(alpha, int) or isinstance(alpha, bool)
+      or alpha not in ALPHAS):
     raise ValueError(f'alpha={alpha!r} must be one of {ALPHAS} (a slice '
                      'borrows at most one whole neighbour on each side).')
   if (alpha - 1) * slice_length % 2:
