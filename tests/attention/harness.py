@@ -28,6 +28,10 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'long_short': [('default', {}),
                    ('w3_r2', {'window_size': 3, 'num_landmarks': 2}),
                    ('conv', {'conv_kernel_size': 3})],
+    'cst': [('l4', {'slice_length': 4}),
+            ('l4_alpha2_max_untied_global_first',
+             {'slice_length': 4, 'alpha': 2, 'aggregation': 'max',
+              'share_local_global': False, 'composition': 'global_first'})],
 }
 
 
