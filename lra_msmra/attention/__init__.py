@@ -8,10 +8,12 @@ line below.
 from __future__ import annotations
 
 from lra_msmra.attention.base import Attention
+from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
+    'combiner': CombinerAttention,
 }
 
 
