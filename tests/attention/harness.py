@@ -20,6 +20,18 @@ from lra_msmra import attention
 # A new mechanism adds its line here.
 CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'softmax': [('default', {})],
+    'combiner': [
+        ('fixed', {'variant': 'fixed'}),
+        ('logsparse', {'variant': 'logsparse'}),
+        ('axial-vertical', {'variant': 'axial', 'axial_plan': 'vertical'}),
+        ('axial-horizontal', {'variant': 'axial',
+                              'axial_plan': 'horizontal'}),
+        ('axial-rowmajor', {'variant': 'axial', 'axial_plan': 'rowmajor'}),
+        ('mixture-average', {'variant': 'mixture',
+                             'mixture_mode': 'average'}),
+        ('mixture-joint', {'variant': 'mixture',
+                           'mixture_mode': 'joint_softmax'}),
+    ],
 }
 
 
