@@ -84,8 +84,9 @@ Padding and lengths (absent from the official code; ATTENTIONS §4.4):
 Other choices where the paper and code are silent or differ:
 
 * block size and row length default to the power of two nearest to sqrt(N)
-  (ATTENTIONS §4.5 proposal; N = 2048 -> 32, 4096 -> 64, 1025 -> 32); the code
-  uses fixed `max_seg_len` values (32 JAX, 128 TF) and requires N % s == 0.
+  on a log scale, halfway rounding up (ATTENTIONS §4.5 proposal; N = 1025 or
+  2001 -> 32, 2048 or 4000 -> 64); the code uses fixed `max_seg_len` values
+  (32 JAX, 128 TF) and requires N % s == 0.
 * logsparse uses ceil(log2 N) levels. The JAX code's ceil(log2(N-1)) drops
   the last position's top span when N = 2^k + 1.
 * prefix abstractions are true maxima (JAX, paper), not the TF cumsum.
