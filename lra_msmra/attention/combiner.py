@@ -382,13 +382,12 @@ def _fixed_terms(g: _Grid, ctx: _Ctx) -> list[_Term]:
 
 def _column_spans(g: _Grid, ctx: _Ctx, below: bool) -> _Term:
   """Vertical plan: column c' above (below) the query's row, for c' != c."""
-  m = g.real.shape[2]
+  n, m = g.real.shape[1:]
   member = g.real[..., None, None]
   q_span, _ = _prefix_pool(g.pq, member, axis=1, kind=ctx.pool, reverse=below)
   k_span, has = _prefix_pool(g.pk, member, axis=1, kind=ctx.pool,
                              reverse=below)
   # Local expectation at (r, c) of column c over rows above (below) r.
-  n = g.real.shape[1]
   w = ctx.normalise(_logits(_COL_LOGITS, q_span, g.k),
                     _col_keys(g.real, _relation(n, 'gt' if below else 'lt')))
   span_values = _weigh(_COL_APPLY, ctx.dropout(w), g.values)
