@@ -11,6 +11,7 @@ from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
 from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
+from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
@@ -18,6 +19,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'adamra': AdaMRAAttention,
     'long_short': LongShortAttention,
     'cst': CompositeSliceAttention,
+    'combiner': CombinerAttention,
 }
 
 

@@ -32,6 +32,18 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
             ('l4_alpha2_max_untied_global_first',
              {'slice_length': 4, 'alpha': 2, 'aggregation': 'max',
               'share_local_global': False, 'composition': 'global_first'})],
+    'combiner': [
+        ('fixed', {'variant': 'fixed'}),
+        ('logsparse', {'variant': 'logsparse'}),
+        ('axial-vertical', {'variant': 'axial', 'axial_plan': 'vertical'}),
+        ('axial-horizontal', {'variant': 'axial',
+                              'axial_plan': 'horizontal'}),
+        ('axial-rowmajor', {'variant': 'axial', 'axial_plan': 'rowmajor'}),
+        ('mixture-average', {'variant': 'mixture',
+                             'mixture_mode': 'average'}),
+        ('mixture-joint', {'variant': 'mixture',
+                           'mixture_mode': 'joint_softmax'}),
+    ],
 }
 
 

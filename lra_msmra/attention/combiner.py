@@ -1,0 +1,714 @@
+r"""Combiner: full attention at sparse cost (registry entry `combiner`).
+
+Paper: H. Ren, H. Dai, Z. Dai, M. Yang, J. Leskovec, D. Schuurmans, B. Dai,
+"Combiner: Full Attention Transformer with Sparse Computation Cost",
+NeurIPS 2021, arXiv:2107.05768. Official code: google-research/
+google-research, folder `combiner/` (Flax, causal only: `jax/model/layer.py`;
+TF1: `tf/approx_attention.py`). Neither handles padding or LRA.
+
+Attention is read as a conditional expectation A(x_i) = E_{p(j|i)}[v_j] over
+the support Omega_i (LM: [0, i]; MLM: every position). Combiner splits Omega_i
+into a direct part Omega_i^0 and disjoint spans Omega_i^r (paper Eq. 7):
+
+  A(x_i) = sum_{j in Omega^0} p(j|i) v_j
+         + sum_{r>=1} p(Omega^r|i) [sum_{j in Omega^r} p(j|Omega^r) v_j],
+
+with p(j|i) ~ exp(q_i.k_j/sqrt(d)) and p(Omega^r|i) ~ exp(q_i.k_Omega/sqrt(d))
+normalised together by ONE softmax (Eq. 9), and the bracket (the local
+expectation, or span value) normalised inside its span with the pooled query
+q_Omega: p(j|Omega) ~ exp(q_Omega.k_j/sqrt(d)). The span value does not depend
+on i, so it is computed once and shared by every query that uses the span.
+The abstractions k_Omega and q_Omega pool the span's keys and queries:
+`abstraction='max'` (element-wise max, the paper's default), `'mean'`, or
+DeepSets `'deepset-max'` / `'deepset-mean'` (phi(x) = ReLU(x W), W in R^{dxd},
+no bias, shared by the heads, one W for queries and one for keys, then the
+max or mean over the span, as the TF `pooling_summary`).
+
+`variant` picks the partition (ATTENTIONS §4.2), each in LM (`causal=True`)
+and MLM (bidirectional) form. Positions are 0-based.
+
+* `'fixed'` (paper §4.1, Eq. 10). Blocks of `block_size` s. MLM: direct = own
+  block, spans = every other block. LM: direct = own block up to i, spans =
+  earlier blocks. s + N/s terms per query.
+* `'logsparse'` (paper §4.2). Aligned dyadic blocks. LM: direct {i} and
+  {i-1 if i is odd}; for every level l >= 1 whose bit l of i is 1, the
+  2^l-block just before i's own 2^l-block. MLM (the paper's Appendix B is not
+  available; our construction): the "sibling" of i's own 2^l-block at every
+  level l, i.e. block floor(i/2^l) XOR 1, on the left when bit l of i is 1 and
+  on the right when it is 0, and direct {i, i XOR 1}. Left and right spans
+  are then the same aligned blocks, so LM and MLM share their ~N summaries,
+  and the terms are disjoint and cover [0, N) exactly: at most
+  1 + ceil(log2 N) terms per query.
+* `'axial'` (paper §4.3). Row-major n x m grid, row(i) = i div m,
+  col(i) = i mod m, m = `row_length`. `axial_plan`:
+  - `'vertical'`: direct = own row (LM: up to i) and own column (LM: rows
+    above; MLM: all other rows). Spans, for every other column c: column c
+    above the query's row (LM and MLM) and column c below it (MLM only),
+    abstracted by exclusive prefix (suffix) pooling down the column (cummax).
+  - `'horizontal'`: same direct part. Spans, for every other row r (LM: rows
+    above): the part of row r left of the query's column and the part right
+    of it, each with its own prefix/suffix abstraction (the official code's
+    split; one "row minus col_i" span has no prefix form).
+  - `'rowmajor'` (the official code's form, `_SelfAttAxialRowmajor`): direct
+    = own row (LM: up to i); every other row r (LM: rows above) is one span
+    whose local expectation for a query in column c is full attention inside
+    row r with the query at (r, c), and whose abstraction key is
+    Dense(LN(x_{r,c} + Dense(that output))): two projections and a LayerNorm
+    per layer, which the other variants do not have.
+* `'mixture'` (paper §3.3) of the vertical and horizontal axial plans.
+  `mixture_mode='average'` (paper): the mean of the two separately normalised
+  plans. `'joint_softmax'` (official `_AxialMixtureAtt`): one softmax over
+  the shared direct part plus both plans' spans, so every position outside
+  the query's row and column is covered exactly twice.
+* `'learnable'` (routing, paper §4.4) has no official code and is not built:
+  asking for it raises NotImplementedError.
+
+Padding and lengths (absent from the official code; ATTENTIONS §4.4):
+
+* inputs at padded positions are zeroed before the projections, so nothing
+  downstream can read a padded token's content;
+* padded keys are masked in direct terms and inside span softmaxes; pooling
+  (max, mean, DeepSets) runs over real members only; a span without a real
+  member is masked; all softmaxes are `base.safe_softmax`, so fully padded
+  spans and rows give zeros, never NaN;
+* padded queries are excluded from query pooling and their outputs zeroed;
+* N is padded internally to a multiple of the block size (fixed), of the
+  block pairs of each level (logsparse), or to the n x m grid (axial,
+  mixture), and cropped back. `num_prefix_tokens` (axial, mixture) shifts the
+  grid so that leading tokens such as a CLS token sit at the end of an extra
+  first row: with CLS, an image's pixel rows are exactly the grid rows.
+* rowmajor: the query of a padded cell (r, c) comes from a zeroed input, so
+  row r's summary for column c is then its real tokens' (bias-free) uniform
+  average; it stays a function of real tokens only.
+
+Other choices where the paper and code are silent or differ:
+
+* block size and row length default to the power of two nearest to sqrt(N)
+  on a log scale, halfway rounding up (ATTENTIONS §4.5 proposal; N = 1025 or
+  2001 -> 32, 2048 or 4000 -> 64); the code uses fixed `max_seg_len` values
+  (32 JAX, 128 TF) and requires N % s == 0.
+* logsparse uses ceil(log2 N) levels. The JAX code's ceil(log2(N-1)) drops
+  the last position's top span when N = 2^k + 1.
+* prefix abstractions are true maxima (JAX, paper), not the TF cumsum.
+* MLM forms of fixed and rowmajor exclude the own block/row from the spans
+  (paper's disjoint partition); the TF bidirectional paths count it twice.
+  Axial MLM and mixture MLM (Appendix C not available) are our constructions
+  above; `joint_softmax` in MLM unites both MLM plans over one shared direct
+  part (own row plus own column, self once), so off-row and off-column
+  positions are covered twice, as in the LM code form.
+* scaling: q is divided by sqrt(d) once, before pooling (max, mean and
+  ReLU(x W) commute with positive scaling), as the code does.
+* dropout: every effective weight passes through exactly one dropout mask,
+  as in the TF code: direct weights after the joint softmax, span members
+  inside the local expectation (shared by the queries using that span). The
+  JAX rowmajor's extra residual dropout inside the row-summary projection is
+  not applied (the layer only knows the attention-dropout rate).
+* projections follow our shared convention (`base.Attention`: Xavier kernels,
+  biases off for LRA); DeepSets kernels use the same initialiser (TF:
+  N(0, 0.02)); the rowmajor LayerNorm uses epsilon 1e-6 (the JAX default).
+
+`CombinerAttention.effective_attention` returns the dense effective attention
+matrix E (`[batch, heads, length, length]`, y_i = sum_j E(i, j) v_j before the
+output projection) by running the same code path with one-hot values; with
+`probe='coverage'` every softmax is replaced by the indicator of its valid
+entries, so E(i, j) counts how many terms of query i contain key j. Both are
+O(N^2) and meant for analysis and tests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Optional
+
+import flax.linen as nn
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_msmra.attention import base
+
+Array = jax.Array
+
+VARIANTS = ('fixed', 'logsparse', 'axial', 'mixture')
+AXIAL_PLANS = ('vertical', 'horizontal', 'rowmajor')
+MIXTURE_MODES = ('average', 'joint_softmax')
+ABSTRACTIONS = ('max', 'mean', 'deepset-max', 'deepset-mean')
+PROBES = ('weights', 'coverage')
+
+# einsum patterns on the grid layout [batch, rows, cols, heads, dim]: queries
+# (r, c) against keys of their own row (r, c') or of their own column (r', c).
+_ROW_LOGITS = 'brchd,brkhd->brchk'
+_ROW_APPLY = 'brchk,brkhd->brchd'
+_COL_LOGITS = 'brchd,bschd->brchs'
+_COL_APPLY = 'brchs,bschd->brchd'
+
+
+def default_block_size(length: int) -> int:
+  """The power of two nearest to sqrt(length) on a log scale (at least 1)."""
+  if length <= 1:
+    return 1
+  return 1 << int(math.floor(0.5 * math.log2(length) + 0.5))
+
+
+# ----------------------------------------------------------------- helpers
+
+
+class _Ctx(NamedTuple):
+  """What the term builders need from the layer."""
+  causal: bool
+  pool: str  # 'max' or 'mean', applied after the optional DeepSets map.
+  probe: Optional[str]
+  dropout: Callable[[Array], Array]
+
+  def normalise(self, logits: Array, valid: Array) -> Array:
+    """Softmax over valid entries (float32), or their indicator (coverage)."""
+    if self.probe == 'coverage':
+      return jnp.broadcast_to(valid, logits.shape).astype(jnp.float32)
+    return base.safe_softmax(logits, valid)
+
+
+class _Term(NamedTuple):
+  """A group of logits that enters the joint softmax of every query.
+
+  Attributes:
+    logits: float32 `[..., heads, terms]`.
+    valid: bool, broadcastable to `logits`.
+    apply: maps the group's weights to `[..., heads, value_dim]`.
+    direct: direct terms get attention dropout after the joint softmax (span
+      terms got theirs inside the local expectation).
+  """
+  logits: Array
+  valid: Array
+  apply: Callable[[Array], Array]
+  direct: bool
+
+
+def _logits(pattern: str, a: Array, b: Array) -> Array:
+  return jnp.einsum(pattern, a, b, preferred_element_type=jnp.float32)
+
+
+def _weigh(pattern: str, weights: Array, values: Array) -> Array:
+  return jnp.einsum(pattern, weights.astype(values.dtype), values)
+
+
+def _joint(terms: list[_Term], ctx: _Ctx) -> Array:
+  """One softmax over all terms of each query (paper Eq. 9), then the sum."""
+  logits = jnp.concatenate([t.logits for t in terms], axis=-1)
+  valid = jnp.concatenate(
+      [jnp.broadcast_to(t.valid, t.logits.shape) for t in terms], axis=-1)
+  weights = ctx.normalise(logits, valid)
+  splits = np.cumsum([t.logits.shape[-1] for t in terms])[:-1]
+  out = None
+  for term, w in zip(terms, jnp.split(weights, splits, axis=-1)):
+    if term.direct:
+      w = ctx.dropout(w)
+    part = term.apply(w)
+    out = part if out is None else out + part
+  return out
+
+
+def _relation(size: int, relation: str) -> np.ndarray:
+  """Static bool `[size, size]` mask of (query index, key index) pairs."""
+  i = np.arange(size)[:, None]
+  j = np.arange(size)[None, :]
+  masks = {'all': np.ones((size, size), bool), 'le': j <= i, 'lt': j < i,
+           'gt': j > i, 'ne': j != i}
+  return masks[relation]
+
+
+def _row_keys(valid: Array, relation: np.ndarray) -> Array:
+  """Validity of keys (r, c') for queries (r, c): `[B, n, m, 1, m]`.
+
+  Args:
+    valid: bool `[B, n, m]`, per key position (r, c').
+    relation: static `[m, m]` mask over (c, c').
+  """
+  return valid[:, :, None, None, :] & relation[None, None, :, None, :]
+
+
+def _col_keys(valid: Array, relation: np.ndarray) -> Array:
+  """Validity of keys (r', c) for queries (r, c): `[B, n, m, 1, n]`.
+
+  Args:
+    valid: bool `[B, n, m]`, per key position (r', c).
+    relation: static `[n, n]` mask over (r, r').
+  """
+  return (jnp.swapaxes(valid, 1, 2)[:, None, :, None, :]
+          & relation[None, :, None, None, :])
+
+
+def _row_term(q: Array, keys: Array, values: Array, valid: Array,
+              direct: bool) -> _Term:
+  """Queries (r, c) against keys/values indexed (r, c')."""
+  return _Term(_logits(_ROW_LOGITS, q, keys), valid,
+               lambda w: _weigh(_ROW_APPLY, w, values), direct)
+
+
+def _col_term(q: Array, keys: Array, values: Array, valid: Array,
+              direct: bool) -> _Term:
+  """Queries (r, c) against keys/values indexed (r', c)."""
+  return _Term(_logits(_COL_LOGITS, q, keys), valid,
+               lambda w: _weigh(_COL_APPLY, w, values), direct)
+
+
+def _masked_pool(x: Array, valid: Array, axis: int, kind: str
+                 ) -> tuple[Array, Array]:
+  """Pools `x` over `axis` using valid members only.
+
+  Args:
+    x: values to pool.
+    valid: bool, broadcastable to `x`, same rank.
+    axis: the axis to pool over (removed).
+    kind: 'max' or 'mean'.
+
+  Returns:
+    (pooled, has_member): `pooled` is 0 where no member is valid.
+  """
+  has = jnp.any(valid, axis=axis)
+  if kind == 'max':
+    pooled = jnp.max(jnp.where(valid, x, -jnp.inf), axis=axis)
+  else:
+    total = jnp.sum(jnp.where(valid, x.astype(jnp.float32), 0.0), axis=axis)
+    count = jnp.sum(valid.astype(jnp.float32), axis=axis)
+    pooled = total / jnp.maximum(count, 1.0)
+  return jnp.where(has, pooled, 0).astype(x.dtype), has
+
+
+def _shift(x: Array, axis: int, reverse: bool, fill: Any) -> Array:
+  """Moves `x` one step along `axis` (forward, or backward if `reverse`)."""
+  size = x.shape[axis]
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, 1) if reverse else (1, 0)
+  x = jnp.pad(x, pad, constant_values=fill)
+  return lax.slice_in_dim(x, 1 if reverse else 0, size + (1 if reverse else 0),
+                          axis=axis)
+
+
+def _prefix_pool(x: Array, valid: Array, axis: int, kind: str, reverse: bool
+                 ) -> tuple[Array, Array]:
+  """Exclusive prefix (suffix if `reverse`) pooling over valid members.
+
+  Entry t pools the members strictly before t (after t if `reverse`) along
+  `axis`: the abstraction of "the part of this column above the query's row".
+
+  Returns:
+    (pooled, has_member), shaped like `x` and `valid`; pooled is 0 where the
+    prefix has no valid member.
+  """
+  count = lax.cumsum(valid.astype(jnp.float32), axis=axis, reverse=reverse)
+  count = _shift(count, axis, reverse, 0.0)
+  has = count > 0
+  if kind == 'max':
+    inclusive = lax.cummax(jnp.where(valid, x, -jnp.inf), axis=axis,
+                           reverse=reverse)
+    pooled = _shift(inclusive, axis, reverse, -jnp.inf)
+  else:
+    inclusive = lax.cumsum(jnp.where(valid, x.astype(jnp.float32), 0.0),
+                           axis=axis, reverse=reverse)
+    pooled = _shift(inclusive, axis, reverse, 0.0) / jnp.maximum(count, 1.0)
+  return jnp.where(has, pooled, 0).astype(x.dtype), has
+
+
+def _to_grid(x: Array, offset: int, row_length: int) -> Array:
+  """`[B, N, ...]` -> `[B, n, m, ...]`: `offset` leading and trailing zeros."""
+  length = x.shape[1]
+  rows = -(-(offset + length) // row_length)
+  pad = [(0, 0), (offset, rows * row_length - offset - length)]
+  x = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2))
+  return x.reshape(x.shape[0], rows, row_length, *x.shape[2:])
+
+
+def _from_grid(x: Array, offset: int, length: int) -> Array:
+  """Inverse of `_to_grid`: `[B, n, m, ...]` -> `[B, length, ...]`."""
+  x = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+  return x[:, offset:offset + length]
+
+
+class _Grid(NamedTuple):
+  """Per-head arrays on the grid `[batch, rows, cols, heads, dim]`.
+
+  Attributes:
+    q: queries, already divided by sqrt(head_dim).
+    k: keys.
+    v: values (what the rowmajor abstraction key is computed from).
+    values: what the weights are applied to (`v`, or one-hot probes).
+    pq: pooled form of queries (q, or DeepSets phi(q)).
+    pk: pooled form of keys.
+    real: bool `[batch, rows, cols]`, True = real token.
+  """
+  q: Array
+  k: Array
+  v: Array
+  values: Array
+  pq: Array
+  pk: Array
+  real: Array
+
+
+# ------------------------------------------------------- partition builders
+
+
+def _direct_terms(g: _Grid, ctx: _Ctx, column: bool) -> list[_Term]:
+  """Own row (LM: up to the query) and optionally own column (no self)."""
+  n, m = g.real.shape[1:]
+  terms = [_row_term(g.q, g.k, g.values,
+                     _row_keys(g.real, _relation(m, 'le' if ctx.causal
+                                                 else 'all')), True)]
+  if column:
+    terms.append(_col_term(g.q, g.k, g.values,
+                           _col_keys(g.real, _relation(n, 'lt' if ctx.causal
+                                                       else 'ne')), True))
+  return terms
+
+
+def _fixed_terms(g: _Grid, ctx: _Ctx) -> list[_Term]:
+  """Combiner-Fixed: rows of the grid are the blocks."""
+  n = g.real.shape[1]
+  member = g.real[..., None, None]
+  q_span, _ = _masked_pool(g.pq, member, axis=2, kind=ctx.pool)
+  k_span, has = _masked_pool(g.pk, member, axis=2, kind=ctx.pool)
+  has = has[..., 0, 0]  # [B, n]
+  # Local expectation of every block with its pooled query: [B, n, H, dv].
+  w = ctx.normalise(_logits('brhd,brkhd->brhk', q_span, g.k),
+                    g.real[:, :, None, :])
+  span_values = _weigh('brhk,brkhd->brhd', ctx.dropout(w), g.values)
+  valid = (has[:, None, None, None, :]
+           & _relation(n, 'lt' if ctx.causal else 'ne')[None, :, None, None])
+  span = _Term(_logits('brchd,bshd->brchs', g.q, k_span), valid,
+               lambda w: _weigh('brchs,bshd->brchd', w, span_values), False)
+  return _direct_terms(g, ctx, column=False) + [span]
+
+
+def _column_spans(g: _Grid, ctx: _Ctx, below: bool) -> _Term:
+  """Vertical plan: column c' above (below) the query's row, for c' != c."""
+  n, m = g.real.shape[1:]
+  member = g.real[..., None, None]
+  q_span, _ = _prefix_pool(g.pq, member, axis=1, kind=ctx.pool, reverse=below)
+  k_span, has = _prefix_pool(g.pk, member, axis=1, kind=ctx.pool,
+                             reverse=below)
+  # Local expectation at (r, c) of column c over rows above (below) r.
+  w = ctx.normalise(_logits(_COL_LOGITS, q_span, g.k),
+                    _col_keys(g.real, _relation(n, 'gt' if below else 'lt')))
+  span_values = _weigh(_COL_APPLY, ctx.dropout(w), g.values)
+  # Query (r, c) reaches column c' through the abstraction stored at (r, c').
+  valid = _row_keys(has[..., 0, 0], _relation(m, 'ne'))
+  return _row_term(g.q, k_span, span_values, valid, False)
+
+
+def _row_half_spans(g: _Grid, ctx: _Ctx, right: bool) -> _Term:
+  """Horizontal plan: row r' left (right) of the query's column, r' != r."""
+  n, m = g.real.shape[1:]
+  member = g.real[..., None, None]
+  q_span, _ = _prefix_pool(g.pq, member, axis=2, kind=ctx.pool, reverse=right)
+  k_span, has = _prefix_pool(g.pk, member, axis=2, kind=ctx.pool,
+                             reverse=right)
+  w = ctx.normalise(_logits(_ROW_LOGITS, q_span, g.k),
+                    _row_keys(g.real, _relation(m, 'gt' if right else 'lt')))
+  span_values = _weigh(_ROW_APPLY, ctx.dropout(w), g.values)
+  # Query (r, c) reaches row r' through the abstraction stored at (r', c).
+  valid = _col_keys(has[..., 0, 0], _relation(n, 'lt' if ctx.causal
+                                              else 'ne'))
+  return _col_term(g.q, k_span, span_values, valid, False)
+
+
+def _vertical_terms(g: _Grid, ctx: _Ctx) -> list[_Term]:
+  spans = [_column_spans(g, ctx, below=False)]
+  if not ctx.causal:
+    spans.append(_column_spans(g, ctx, below=True))
+  return spans
+
+
+def _horizontal_terms(g: _Grid, ctx: _Ctx) -> list[_Term]:
+  return [_row_half_spans(g, ctx, right=False),
+          _row_half_spans(g, ctx, right=True)]
+
+
+def _rowmajor_terms(g: _Grid, ctx: _Ctx,
+                    summary_key: Callable[[Array], Array]) -> list[_Term]:
+  """Official rowmajor: per-column row summaries with a learned key."""
+  n = g.real.shape[1]
+  # Full (unmasked) attention inside each row with every query of the row.
+  w = ctx.normalise(_logits(_ROW_LOGITS, g.q, g.k),
+                    _row_keys(g.real, _relation(g.real.shape[2], 'all')))
+  w = ctx.dropout(w)
+  row_out = _weigh(_ROW_APPLY, w, g.v)
+  span_values = row_out if ctx.probe is None else _weigh(_ROW_APPLY, w,
+                                                         g.values)
+  has = jnp.any(g.real, axis=2)  # [B, n]: the row has a real member.
+  valid = (has[:, None, None, None, :]
+           & _relation(n, 'lt' if ctx.causal else 'ne')[None, :, None, None])
+  span = _col_term(g.q, summary_key(row_out), span_values, valid, False)
+  return _direct_terms(g, ctx, column=False) + [span]
+
+
+def _pair_swap(x: Array, block: int) -> Array:
+  """Swaps adjacent `block`-sized blocks along axis 1 (block b <-> b XOR 1).
+
+  `x.shape[1]` must be a multiple of 2 * block.
+  """
+  shape = x.shape
+  x = x.reshape(shape[0], shape[1] // (2 * block), 2, block, *shape[2:])
+  return jnp.flip(x, axis=2).reshape(shape)
+
+
+def _pad_length(x: Array, length: int) -> Array:
+  extra = length - x.shape[1]
+  return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
+
+
+def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
+                     real: Array, ctx: _Ctx) -> list[_Term]:
+  """Combiner-Logsparse on `[batch, length, heads, dim]` arrays."""
+  batch, length = real.shape
+  heads = q.shape[2]
+  pos = np.arange(length)
+  terms = [_Term(jnp.einsum('bnhd,bnhd->bnh', q, k,
+                            preferred_element_type=jnp.float32)[..., None],
+                 real[:, :, None, None],
+                 lambda w: w.astype(values.dtype) * values, True)]
+  if length > 1:
+    # Level 0: the partner i XOR 1 is a direct term (LM: only i - 1).
+    even = length + length % 2
+    swap = lambda x: _pair_swap(_pad_length(x, even), 1)[:, :length]
+    partner_ok = (pos ^ 1) < length
+    if ctx.causal:
+      partner_ok &= pos % 2 == 1
+    partner_values = swap(values)
+    terms.append(_Term(
+        jnp.einsum('bnhd,bnhd->bnh', q, swap(k),
+                   preferred_element_type=jnp.float32)[..., None],
+        (swap(real) & partner_ok[None])[:, :, None, None],
+        lambda w: w.astype(values.dtype) * partner_values, True))
+  # Levels 1 .. ceil(log2 N) - 1: the sibling 2^l-block is one span.
+  for level in range(1, (length - 1).bit_length()):
+    size = 1 << level
+    padded = -(-length // (2 * size)) * (2 * size)
+    blocks = padded // size
+
+    def split(x, size=size, blocks=blocks, padded=padded):
+      x = _pad_length(x, padded)
+      return x.reshape(batch, blocks, size, *x.shape[2:])
+
+    member = split(real)
+    q_span, _ = _masked_pool(split(pq), member[..., None, None], axis=2,
+                             kind=ctx.pool)
+    k_span, has = _masked_pool(split(pk), member[..., None, None], axis=2,
+                               kind=ctx.pool)
+    w = ctx.normalise(_logits('bnhd,bnshd->bnhs', q_span, split(k)),
+                      member[:, :, None, :])
+    span_values = _weigh('bnhs,bnshd->bnhd', ctx.dropout(w), split(values))
+    # The sibling of block b is block b XOR 1.
+    k_sib = _pair_swap(k_span, 1)
+    v_sib = jnp.repeat(_pair_swap(span_values, 1), size, axis=1)[:, :length]
+    ok = _pair_swap(has[..., 0, 0], 1)
+    if ctx.causal:  # Only odd blocks have their sibling on the left.
+      ok &= (np.arange(blocks) % 2 == 1)[None]
+    ok = jnp.repeat(ok, size, axis=1)[:, :length]
+    logits = jnp.einsum('bnshd,bnhd->bnsh', split(q), k_sib,
+                        preferred_element_type=jnp.float32)
+    logits = logits.reshape(batch, padded, heads)[:, :length, :, None]
+    terms.append(_Term(
+        logits, ok[:, :, None, None],
+        lambda w, v_sib=v_sib: w.astype(v_sib.dtype) * v_sib, False))
+  return terms
+
+
+# ------------------------------------------------------------------- module
+
+
+class CombinerAttention(base.Attention):
+  """Combiner attention (see the module docstring for the variants).
+
+  Attributes:
+    variant: 'fixed', 'logsparse', 'axial' or 'mixture' ('learnable' raises
+      NotImplementedError).
+    block_size: fixed only: block size s; None = power of two nearest to
+      sqrt(N).
+    axial_plan: axial only: 'vertical', 'horizontal' or 'rowmajor' (None =
+      'rowmajor', the paper's Figure 1(F) and the official code).
+    row_length: axial and mixture: grid width m; None = power of two nearest
+      to sqrt(N).
+    num_prefix_tokens: axial and mixture: leading tokens (e.g. CLS) placed at
+      the end of an extra first grid row, so the grid starts after them.
+    mixture_mode: mixture only: 'average' (None, the paper) or
+      'joint_softmax' (the official code).
+    abstraction: 'max' (None, the paper), 'mean', 'deepset-max' or
+      'deepset-mean'; not used by the rowmajor plan, whose abstraction is the
+      code's learned projection.
+  """
+  variant: str = 'fixed'
+  block_size: Optional[int] = None
+  axial_plan: Optional[str] = None
+  row_length: Optional[int] = None
+  num_prefix_tokens: int = 0
+  mixture_mode: Optional[str] = None
+  abstraction: Optional[str] = None
+
+  def __post_init__(self):
+    self._check_knobs()
+    super().__post_init__()
+
+  def _check_knobs(self) -> None:
+    """Raises on unknown values and on knobs the chosen variant ignores."""
+    if self.variant == 'learnable':
+      raise NotImplementedError(
+          "Combiner variant 'learnable' (routing clusters, paper §4.4) is not "
+          f'implemented; choose one of {VARIANTS}.')
+    if self.variant not in VARIANTS:
+      raise ValueError(f'Unknown Combiner variant {self.variant!r}; valid: '
+                       f'{VARIANTS}.')
+
+    def only_for(name, value, variants):
+      if value is not None and self.variant not in variants:
+        raise ValueError(
+            f'Combiner knob {name}={value!r} is only used by variant(s) '
+            f'{variants}, not {self.variant!r}; remove it.')
+
+    only_for('block_size', self.block_size, ('fixed',))
+    only_for('axial_plan', self.axial_plan, ('axial',))
+    only_for('row_length', self.row_length, ('axial', 'mixture'))
+    only_for('num_prefix_tokens', self.num_prefix_tokens or None,
+             ('axial', 'mixture'))
+    only_for('mixture_mode', self.mixture_mode, ('mixture',))
+    for name in ('block_size', 'row_length'):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, int) or value < 1):
+        raise ValueError(f'Combiner {name}={value!r} must be a positive int.')
+    prefix = self.num_prefix_tokens
+    if not isinstance(prefix, int) or prefix < 0:
+      raise ValueError(f'Combiner num_prefix_tokens={prefix!r} must be a '
+                       'non-negative int.')
+    if self.axial_plan is not None and self.axial_plan not in AXIAL_PLANS:
+      raise ValueError(f'Unknown axial_plan {self.axial_plan!r}; valid: '
+                       f'{AXIAL_PLANS}.')
+    if self.mixture_mode is not None and self.mixture_mode not in MIXTURE_MODES:
+      raise ValueError(f'Unknown mixture_mode {self.mixture_mode!r}; valid: '
+                       f'{MIXTURE_MODES}.')
+    if self.abstraction is not None:
+      if self.abstraction not in ABSTRACTIONS:
+        raise ValueError(f'Unknown abstraction {self.abstraction!r}; valid: '
+                         f'{ABSTRACTIONS}.')
+      if self._plan() == 'rowmajor':
+        raise ValueError(
+            "axial_plan='rowmajor' abstracts rows with the official code's "
+            f'learned projection; abstraction={self.abstraction!r} would be '
+            "ignored. Remove it or use axial_plan='vertical'/'horizontal'.")
+
+  def _plan(self) -> Optional[str]:
+    if self.variant != 'axial':
+      return None
+    return self.axial_plan or 'rowmajor'
+
+  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+    """Applies Combiner attention.
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: bool `[batch, length]`, True = real token.
+      deterministic: disables attention dropout.
+
+    Returns:
+      `[batch, length, out_features]`; zero at padded positions before the
+      output projection.
+    """
+    return self._forward(x, padding_mask, deterministic, None)
+
+  def effective_attention(self, x: Array, *,
+                          padding_mask: Optional[Array] = None,
+                          probe: str = 'weights') -> Array:
+    """The dense effective attention matrix of the layer (O(N^2) memory).
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: bool `[batch, length]`, True = real token.
+      probe: 'weights': E(i, j), the weight of value j in output i (before the
+        output projection), deterministic. 'coverage': every softmax replaced
+        by the indicator of its valid entries, so E(i, j) is the number of
+        terms of query i whose support contains key j.
+
+    Returns:
+      float32 `[batch, heads, length, length]`.
+    """
+    if probe not in PROBES:
+      raise ValueError(f'Unknown probe {probe!r}; valid: {PROBES}.')
+    return self._forward(x, padding_mask, True, probe)
+
+  @nn.compact
+  def _forward(self, x: Array, padding_mask: Optional[Array],
+               deterministic: bool, probe: Optional[str]) -> Array:
+    real = base.default_padding_mask(x, padding_mask)
+    _, head_dim, out_features = self.head_dims(x)
+    batch, length = real.shape
+    # Zero padded inputs: then no term can read a padded token's content.
+    x = jnp.where(real[..., None], x, 0).astype(self.dtype)
+    q = self.projection(head_dim, 'query')(x)
+    q = q / jnp.sqrt(head_dim).astype(self.dtype)
+    k = self.projection(head_dim, 'key')(x)
+    v = self.projection(head_dim, 'value')(x)
+    if probe is None:
+      values = v
+    else:
+      values = jnp.broadcast_to(
+          jnp.eye(length, dtype=jnp.float32)[None, :, None, :],
+          (batch, length, self.num_heads, length))
+
+    abstraction = self.abstraction or 'max'
+    pq, pk = q, k
+    if abstraction.startswith('deepset'):
+      # phi(x) = ReLU(x W), one W per role, shared by the heads.
+      deepset = lambda name: nn.DenseGeneral(
+          head_dim, axis=-1, use_bias=False, kernel_init=self.kernel_init,
+          dtype=self.dtype, param_dtype=jnp.float32, name=name)
+      pq = nn.relu(deepset('deepset_query')(q))
+      pk = nn.relu(deepset('deepset_key')(k))
+    ctx = _Ctx(causal=self.causal, pool=abstraction.split('-')[-1],
+               probe=probe,
+               dropout=lambda w: self.attention_dropout(w, deterministic))
+
+    if self.variant == 'logsparse':
+      out = _joint(_logsparse_terms(q, k, values, pq, pk, real, ctx), ctx)
+    else:
+      if self.variant == 'fixed':
+        offset, width = 0, self.block_size or default_block_size(length)
+      else:
+        offset = self.num_prefix_tokens
+        width = self.row_length or default_block_size(length)
+        offset = (-offset) % width
+      grid = lambda a: _to_grid(a, offset, width)
+      g = _Grid(q=grid(q), k=grid(k), v=grid(v), values=grid(values),
+                pq=grid(pq), pk=grid(pk), real=grid(real))
+      out = _from_grid(self._grid_attention(g, ctx, grid(x)), offset, length)
+    out = out * real[:, :, None, None].astype(out.dtype)
+    if probe is not None:
+      return jnp.transpose(out, (0, 2, 1, 3)).astype(jnp.float32)
+    return self.output_projection(out_features)(out)
+
+  def _grid_attention(self, g: _Grid, ctx: _Ctx, x_grid: Array) -> Array:
+    """The fixed, axial and mixture variants on the grid layout."""
+    if self.variant == 'fixed':
+      return _joint(_fixed_terms(g, ctx), ctx)
+    if self.variant == 'mixture':
+      direct = _direct_terms(g, ctx, column=True)
+      vertical = _vertical_terms(g, ctx)
+      horizontal = _horizontal_terms(g, ctx)
+      if (self.mixture_mode or 'average') == 'joint_softmax':
+        return _joint(direct + vertical + horizontal, ctx)
+      return 0.5 * (_joint(direct + vertical, ctx)
+                    + _joint(direct + horizontal, ctx))
+    plan = self._plan()
+    if plan == 'rowmajor':
+      head_dim = g.q.shape[-1]
+      to_model = nn.DenseGeneral(
+          x_grid.shape[-1], axis=(-2, -1), use_bias=self.use_bias,
+          kernel_init=self.kernel_init, bias_init=self.bias_init,
+          dtype=self.dtype, param_dtype=jnp.float32, name='row_summary_out')
+      norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
+                          param_dtype=jnp.float32, name='row_summary_norm')
+      to_key = self.projection(head_dim, 'row_summary_key')
+      summary_key = lambda row_out: to_key(norm(x_grid + to_model(row_out)))
+      return _joint(_rowmajor_terms(g, ctx, summary_key), ctx)
+    spans = (_vertical_terms(g, ctx) if plan == 'vertical'
+             else _horizontal_terms(g, ctx))
+    return _joint(_direct_terms(g, ctx, column=True) + spans, ctx)
