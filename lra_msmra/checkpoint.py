@@ -48,11 +48,15 @@ class Checkpointer:
     self.best = _manager(os.path.join(workdir, 'best'), 1)
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    # Orbax names its cross-process barriers after the step, so two managers
+    # must not save the same step at once: finish the other one first.
+    self.best.wait_until_finished()
     self.latest.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
         force=True)
 
   def save_best(self, step: int, params: Any, meta: dict[str, Any]) -> None:
+    self.latest.wait_until_finished()
     for old in self.best.all_steps():
       if old >= step:
         self.best.delete(old)

@@ -1,4 +1,4 @@
-"""Command line: `python -m lra_msmra.main --config FILE[:OPTIONS] --workdir DIR`.
+r"""Command line: `python -m lra_msmra.main --config FILE[:OPTIONS] --workdir DIR`.
 
 Examples::
 
@@ -9,6 +9,12 @@ Examples::
   # Override any key: --config.batch_size=64 --config.model.dtype=bfloat16
 
 Running the same command again in the same workdir resumes the run.
+
+Several hosts (every host runs the same command):
+
+* Cloud TPU pods and SLURM: add `--distributed`; JAX finds its peers.
+* Elsewhere (e.g. several GPU hosts): `--coordinator_address=HOST:PORT
+  --num_processes=N --process_id=I` with I = 0..N-1 on the N hosts.
 """
 
 import sys
@@ -22,12 +28,41 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder for checkpoints, '
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, optionally with :options.',
     lock_config=True)
+_DISTRIBUTED = flags.DEFINE_bool(
+    'distributed', False, 'Call jax.distributed.initialize() with settings '
+    'detected from the environment (Cloud TPU pods, SLURM).')
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'HOST:PORT of process 0, for multi-process '
+    'runs outside TPU pods (with --num_processes and --process_id).')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None,
+                                      'Number of processes (hosts).')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None,
+                                   'Index of this process, 0..N-1.')
 flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def initialize_distributed() -> None:
+  """Starts the JAX multi-process runtime if the flags ask for it."""
+  explicit = [_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value]
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise app.UsageError('--coordinator_address, --num_processes and '
+                           '--process_id go together; give all three.')
+    import jax  # pylint: disable=g-import-not-at-top
+    # Cross-process collectives on CPU hosts (GPUs and TPUs ignore this).
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value,
+                               process_id=_PROCESS_ID.value)
+  elif _DISTRIBUTED.value:
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.distributed.initialize()
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  initialize_distributed()
   from lra_msmra import train  # pylint: disable=g-import-not-at-top
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
-from lra_msmra.attention.long_short import LongShortAttention
-from lra_msmra.attention.cst import CompositeSliceAttention
 from lra_msmra.attention.combiner import CombinerAttention
+from lra_msmra.attention.cst import CompositeSliceAttention
+from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
-    'adamra': AdaMRAAttention,
-    'long_short': LongShortAttention,
     'cst': CompositeSliceAttention,
+    'long_short': LongShortAttention,
+    'adamra': AdaMRAAttention,
     'combiner': CombinerAttention,
 }
 

@@ -134,11 +134,17 @@ def generate_examples(num_examples: int, *, min_length: int = 500,
 
 
 def write_tsv(path: str, rows: list[tuple[str, int]]) -> None:
-  """Writes the official format: header, tab separated, \\r\\n line ends."""
-  with open(path, 'w', newline='') as f:
+  """Writes the official format: header, tab separated, \\r\\n line ends.
+
+  The file appears atomically, so processes of a multi-host run that
+  generate the same data into a shared folder never read a partial file.
+  """
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w', newline='') as f:
     writer = csv.writer(f, delimiter='\t', lineterminator='\r\n')
     writer.writerow(HEADER)
     writer.writerows(rows)
+  os.replace(tmp, path)
 
 
 def generate_dataset(output_dir: str, *, num_train: int = 96000,
@@ -241,8 +247,10 @@ def _generated_dir(config: Any, workdir: str) -> str:
       if json.load(f) == gen:
         return out
   generate_dataset(out, task_name=config.data.task_name, **gen)
-  with open(stamp, 'w') as f:
+  tmp = f'{stamp}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
     json.dump(gen, f)
+  os.replace(tmp, stamp)
   return out
 
 
