@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Optional, Union
 
 from absl import logging
+from etils import epath
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -93,6 +96,7 @@ def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
   manager.reload()
   steps = sorted(manager.all_steps(), reverse=True)
+  unreadable = []
   for i, step in enumerate(steps):
     try:
       restored = manager.restore(step, args=ocp.args.Composite(
@@ -106,13 +110,35 @@ def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
               'no older checkpoint is left.'))
       logging.warning(msg)
       metrics_lib.log('WARNING: ' + msg)
+      unreadable.append(step)
       continue
+    _move_aside(manager, unreadable)
     return step, restored.state, dict(restored.meta)
   if steps:
     raise RuntimeError(
         f'No checkpoint in {manager.directory} could be restored (steps '
         f'{steps}). Move the folder away to start from scratch.')
   return None
+
+
+def _move_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
+  """Moves unreadable checkpoints to `<dir>_unreadable/` (kept, not deleted).
+
+  The run continues from an older step and will save these steps again.
+  """
+  if not steps:
+    return
+  directory = epath.Path(manager.directory)
+  target = directory.parent / f'{directory.name}_unreadable'
+  if metrics_lib.is_chief():
+    target.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+      dest = target / f'{step}-{int(time.time())}'
+      (directory / str(step)).rename(dest)
+      metrics_lib.log(f'Moved unreadable checkpoint {step} to {dest}.')
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('lra_msmra_move_unreadable')
+  manager.reload()
 
 
 def write_json(path: str, obj: Any) -> None:
@@ -163,7 +189,12 @@ def load_checkpoint(workdir: str, which: Union[str, int] = 'best'
   with open(os.path.join(workdir, MODEL_SPEC_FILE)) as f:
     spec = json.load(f)
   model, _, _ = train.build(config, spec)
-  abstract = train.abstract_train_state(config, spec)
+  # Restore onto this machine's first device, whatever topology saved it
+  # (e.g. a TPU pod checkpoint opened in a notebook).
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+      train.abstract_train_state(config, spec))
   ckpt = Checkpointer(workdir, max_to_keep=1000)
   try:
     if which == 'best':

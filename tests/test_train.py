@@ -49,6 +49,7 @@ def test_smoke_run_writes_everything(finished_run):
 def _evaluate(model, params, source, batch_size=8):
   mesh = sharding.create_mesh()
   fn = jax.jit(functools.partial(train.eval_step, model=model))
+  params = jax.device_put(params, sharding.replicated(mesh))
   return train.evaluate(fn, params, source, batch_size, -1, mesh)
 
 
