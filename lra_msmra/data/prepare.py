@@ -35,14 +35,17 @@ for Pathfinder the empty PNGs that the pipeline will skip (P21).
 
 Duplicates (P20): the nested archive holds two `pathfinder128` folders, and
 nobody documents which one is right (a ResNet stays at chance on one of
-them, LRA issue #38). We use the copy that sits with the other task folders
-(`--pathfinder128_copy main`) and report whether the other copy has the same
-file names and sizes; `--pathfinder128_copy extra` selects the other one.
+them, LRA issue #38); the nested archive also holds two `listops-1000`
+folders. We use the copy that sits with the other task folders
+(`--pathfinder128_copy main`) and report whether the other copy holds
+identical files (names, sizes, then bytes; this reads both copies once);
+`--pathfinder128_copy extra` selects the other one.
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import re
@@ -131,15 +134,23 @@ def _file_sizes(folder: str) -> dict[str, int]:
 
 
 def compare_copies(a: str, b: str) -> dict[str, Any]:
-  """File names and sizes of two copies of a folder (P20)."""
+  """Compares two copies of a folder file by file (P20).
+
+  Names and sizes first; files that agree on both are compared byte by byte.
+  """
   sa, sb = _file_sizes(a), _file_sizes(b)
   only_a, only_b = sorted(set(sa) - set(sb)), sorted(set(sb) - set(sa))
-  differ = sorted(k for k in set(sa) & set(sb) if sa[k] != sb[k])
+  common = sorted(set(sa) & set(sb))
+  size_differs = [k for k in common if sa[k] != sb[k]]
+  content_differs = [
+      k for k in common if sa[k] == sb[k] and not filecmp.cmp(
+          os.path.join(a, k), os.path.join(b, k), shallow=False)]
+  differ = only_a + only_b + size_differs + content_differs
   return {'used': a, 'other': b, 'files_used': len(sa), 'files_other': len(sb),
           'only_in_used': len(only_a), 'only_in_other': len(only_b),
-          'size_differs': len(differ),
-          'same_names_and_sizes': not (only_a or only_b or differ),
-          'examples': (only_a + only_b + differ)[:5]}
+          'size_differs': len(size_differs),
+          'content_differs': len(content_differs),
+          'identical': not differ, 'examples': differ[:5]}
 
 
 def missing_files(name: str, folder: Optional[str]) -> list[str]:
@@ -266,10 +277,11 @@ def _print_report(report: dict[str, Any], out: str) -> None:
       print(f'  {split}: {n}')
   for name, copies in report.get('release', {}).get('duplicates', {}).items():
     for c in copies:
-      same = ('same file names and sizes' if c['same_names_and_sizes'] else
+      same = ('identical files' if c['identical'] else
               f'DIFFERENT: {c["only_in_used"]} files only in the used copy, '
-              f'{c["only_in_other"]} only in the other, {c["size_differs"]} '
-              'with other sizes')
+              f'{c["only_in_other"]} only in the other, '
+              f'{c["size_differs"] + c["content_differs"]} with other '
+              'contents')
       print(f'{name}: a second copy exists (P20) at {c["other"]}: {same}. '
             f'Using {c["used"]}.')
   for name, splits in report.get('tfds', {}).items():
