@@ -59,7 +59,8 @@ from lra_msmra.data import tfds_io
 
 LISTOPS = 'listops-1000'
 LISTOPS_SPLITS = ('train', 'val', 'test')
-COMPONENT_RE = re.compile(r'^(listops-1000|tsv_data|pathfinder(32|64|128|256))$')
+COMPONENT_RE = re.compile(
+    r'^(listops-1000|tsv_data|pathfinder(32|64|128|256))$')
 TASKS = ('listops', 'retrieval', 'pathfinder', 'pathx')
 # Release folder each task needs.
 TASK_FOLDERS = {'listops': LISTOPS, 'retrieval': retrieval.SUBDIR,

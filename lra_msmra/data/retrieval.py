@@ -147,8 +147,8 @@ def generate_examples(num: int, seed: int
     t1 = int(rng.integers(len(_TOPICS)))
     t2 = t1 if label else int((t1 + rng.integers(1, len(_TOPICS))) %
                               len(_TOPICS))
-    rows.append((label, f'P{seed:02d}-{2 * i:05d}', f'P{seed:02d}-{2 * i + 1:05d}',
-                 _paper(rng, t1), _paper(rng, t2)))
+    id1, id2 = f'P{seed:02d}-{2 * i:05d}', f'P{seed:02d}-{2 * i + 1:05d}'
+    rows.append((label, id1, id2, _paper(rng, t1), _paper(rng, t2)))
   return rows
 
 

@@ -50,7 +50,8 @@ def test_splits_tokens_and_notes(tmp_path):
   assert (data.vocab_size, data.num_classes, data.max_len) == (256, 10, 1024)
   batch = data.eval.get(np.array([1]))
   assert set(batch) == {'inputs', 'targets'}
-  assert batch['inputs'].shape == (1, 1024) and batch['inputs'].dtype == np.int32
+  assert batch['inputs'].shape == (1, 1024)
+  assert batch['inputs'].dtype == np.int32
   # Example 19 of train, row-major grayscale.
   expected = tf.image.rgb_to_grayscale(examples['train']['image'][19])
   np.testing.assert_array_equal(batch['inputs'][0],

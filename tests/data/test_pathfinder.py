@@ -10,37 +10,7 @@ from tensorflow_datasets.core import splits as tfds_splits
 
 from lra_msmra.data import pathfinder
 from tests.data.helpers import task_config
-
-
-def write_release(root, resolution=32, difficulty='hard', num=20, seed=0,
-                  empty=(3,), per_folder=8):
-  """A release-like folder: imgs/<k>/sample_<n>.png plus metadata/<k>.npy.
-
-  Returns {image relative path: (pixels [R, R], label)}; empty files map to
-  None.
-  """
-  folder = pathfinder.folder_path(root, resolution, difficulty)
-  rng = np.random.default_rng(seed)
-  truth, lines = {}, {}
-  for n in range(num):
-    k = n // per_folder
-    os.makedirs(os.path.join(folder, 'imgs', str(k)), exist_ok=True)
-    rel = os.path.join(f'imgs/{k}', f'sample_{n}.png')
-    label = int(rng.integers(2))
-    if n in empty:
-      open(os.path.join(folder, rel), 'wb').close()
-      truth[rel] = None
-    else:
-      pixels = rng.integers(0, 256, (resolution, resolution)).astype(np.uint8)
-      pathfinder.write_png(os.path.join(folder, rel), pixels)
-      truth[rel] = (pixels, label)
-    lines.setdefault(k, []).append(
-        f'imgs/{k} sample_{n}.png {n} {label} 1.0 14 4 2 0.5 1 1\n')
-  os.makedirs(os.path.join(folder, 'metadata'), exist_ok=True)
-  for k, rows in lines.items():
-    with open(os.path.join(folder, 'metadata', f'{k}.npy'), 'w') as f:
-      f.write(''.join(rows))
-  return folder, truth
+from tests.data.helpers import write_release
 
 
 def test_order_and_split_follow_tfds():

@@ -11,7 +11,7 @@ from lra_msmra.data import pathfinder
 from lra_msmra.data import prepare
 from lra_msmra.data import retrieval
 from tests.data.helpers import task_config
-from tests.data.test_pathfinder import write_release
+from tests.data.helpers import write_release
 
 
 def _task_folders(root, *, pathfinder128_seed=0):
