@@ -75,9 +75,16 @@ class PrepareError(Exception):
   """A problem with the user's data, explained in the message."""
 
 
-def find_copies(root: str) -> dict[str, list[str]]:
-  """Release task folders under `root`: name -> every path holding one."""
+def find_copies(root: str, skip: Optional[str] = None
+                ) -> dict[str, list[str]]:
+  """Release task folders under `root`: name -> every path holding one.
+
+  Args:
+    root: where to look (up to MAX_DEPTH levels down).
+    skip: a folder not to enter (the output folder, which holds links).
+  """
   found: dict[str, list[str]] = {}
+  skip = os.path.realpath(skip) if skip else None
 
   def walk(path: str, depth: int) -> None:
     try:
@@ -85,7 +92,7 @@ def find_copies(root: str) -> dict[str, list[str]]:
     except OSError:
       return
     for entry in entries:
-      if not entry.is_dir():
+      if not entry.is_dir() or os.path.realpath(entry.path) == skip:
         continue
       if COMPONENT_RE.match(entry.name):
         found.setdefault(entry.name, []).append(entry.path)
@@ -227,7 +234,7 @@ def prepare_release(release: str, out: str, tasks: Sequence[str],
   if os.path.isfile(release):
     source = os.path.join(out, 'release')
     unpack(release, source)
-  found = find_copies(source)
+  found = find_copies(source, skip=out)
   chosen, others = choose_copies(found, pathfinder128_copy)
   missing = []
   for task in tasks:
@@ -245,6 +252,7 @@ def prepare_release(release: str, out: str, tasks: Sequence[str],
     complete = not missing_files(name, chosen[name])
     entry = {'source': chosen[name], 'complete': complete}
     if complete:
+      print(f'Checking {chosen[name]} ...', flush=True)
       _link(chosen[name], os.path.join(out, name))
       entry['examples'] = count_examples(name, chosen[name])
     report['folders'][name] = entry

@@ -170,3 +170,13 @@ def test_tfds_download_step_under_mock(tmp_path, capsys):
   with open(tmp_path / prepare.MANIFEST) as f:
     assert set(json.load(f)['tfds']) == {'imdb_reviews', 'cifar10'}
   assert 'ListOps' in stdout
+
+
+def test_rerun_with_out_inside_the_release(tmp_path, capsys):
+  root = flat_release(str(tmp_path / 'src'))
+  out = os.path.join(root, 'prepared')
+  for _ in range(2):  # Idempotent; its own links are not taken as copies.
+    code, _, _ = _run(capsys, '--lra_release', root, '--out', out)
+    assert code == 0
+  with open(os.path.join(out, prepare.MANIFEST)) as f:
+    assert json.load(f)['release']['duplicates'] == {}
