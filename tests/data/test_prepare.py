@@ -104,6 +104,17 @@ def test_nested_archive(tmp_path, capsys):
   assert '  train: 5' in stdout and '--config.data_dir=' in stdout
 
 
+def test_flat_archive(tmp_path, capsys):
+  archive = _archive(flat_release(str(tmp_path / 'src')),
+                     str(tmp_path / 'lra_release.gz'))
+  out = str(tmp_path / 'out')
+  code, _, _ = _run(capsys, '--lra_release', archive, '--out', out)
+  assert code == 0
+  assert _check_prepared(out)['release']['duplicates'] == {}
+  assert os.path.realpath(os.path.join(out, 'tsv_data')) == os.path.realpath(
+      os.path.join(out, 'release', 'lra_release', 'tsv_data'))
+
+
 def test_flat_folder_and_extra_copy_choice(tmp_path, capsys):
   root = flat_release(str(tmp_path / 'src'))
   out = str(tmp_path / 'out')
