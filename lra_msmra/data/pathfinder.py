@@ -87,6 +87,8 @@ GENERATE_KEYS = {'num_examples', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
 # Images per generator batch folder imgs/<k> in generated data.
 GENERATED_PER_FOLDER = 500
+# Bumped whenever generated data changes, so stale workdir data is redone.
+GENERATOR_VERSION = 1
 
 
 class Example(NamedTuple):
@@ -370,15 +372,16 @@ def _generated_root(config: Any, workdir: str) -> str:
   spec = dict(config.data.generate.to_dict(),
               resolution=config.data.resolution,
               difficulty=config.data.difficulty)
+  stamp_spec = dict(spec, version=GENERATOR_VERSION)
   root = os.path.join(workdir, 'data', 'pathfinder')
   stamp = os.path.join(root, 'generator.json')
   if os.path.exists(stamp):
     with open(stamp) as f:
-      if json.load(f) == spec:
+      if json.load(f) == stamp_spec:
         return root
   generate_dataset(root, **spec)
   with open(stamp, 'w') as f:
-    json.dump(spec, f)
+    json.dump(stamp_spec, f)
   return root
 
 

@@ -55,12 +55,16 @@ TEXT_CUT = 10000
 DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generate'}
 GENERATE_KEYS = {'num_train', 'num_valid', 'num_test', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer, in batches mode.
+# Bumped whenever generated data changes, so stale workdir data is redone.
+GENERATOR_VERSION = 2
 
+# Generated abstracts open with their topic's name; the names start with
+# different letters, so even LRA's first-byte pooling (P2) can see the topic.
 _TOPICS = (
-    ('attention', 'transformer', 'encoder', 'decoder', 'translation'),
-    ('parsing', 'treebank', 'grammar', 'dependency', 'constituent'),
-    ('sentiment', 'review', 'polarity', 'opinion', 'lexicon'),
-    ('speech', 'acoustic', 'phoneme', 'prosody', 'recognition'),
+    ('Attention', 'transformer', 'encoder', 'decoder', 'translation'),
+    ('Parsing', 'treebank', 'grammar', 'dependency', 'constituent'),
+    ('Morphology', 'stem', 'affix', 'inflection', 'lemma'),
+    ('Dialogue', 'speaker', 'turn', 'utterance', 'agent'),
 )
 _FILLER = ('we', 'propose', 'a', 'method', 'for', 'the', 'task', 'of',
            'results', 'show', 'that', 'our', 'model', 'improves', 'on',
@@ -127,18 +131,19 @@ def write_tsv(path: str, rows: list[tuple[int, str, str, str, str]]) -> None:
 
 
 def _paper(rng: np.random.Generator, topic: int) -> str:
-  words = []
+  words = [_TOPICS[topic][0] + ':']
   for _ in range(int(rng.integers(15, 45))):
-    pool = _TOPICS[topic] if rng.random() < 0.3 else _FILLER
+    pool = _TOPICS[topic][1:] if rng.random() < 0.3 else _FILLER
     words.append(pool[int(rng.integers(len(pool)))])
-  return ' '.join(words).capitalize() + '.'
+  return ' '.join(words) + '.'
 
 
 def generate_examples(num: int, seed: int
                       ) -> list[tuple[int, str, str, str, str]]:
   """Pairs of generated abstracts; label 1 iff both share their topic.
 
-  A stand-in for "paper 1 cites paper 2" that a small model can learn.
+  A stand-in for "paper 1 cites paper 2" that a small model can learn: each
+  abstract opens with its topic's name and mixes topic words into filler.
   """
   rng = np.random.default_rng(seed)
   rows = []
@@ -206,14 +211,14 @@ def _resolve_data_dir(data_dir: str) -> str:
 
 def _generated_dir(config: Any, workdir: str) -> str:
   """Generates (once) the TSVs described by config.data.generate."""
-  gen = config.data.generate.to_dict()
+  gen = dict(config.data.generate.to_dict(), version=GENERATOR_VERSION)
   out = os.path.join(workdir, 'data', 'retrieval')
   stamp = os.path.join(out, 'generator.json')
   if os.path.exists(stamp):
     with open(stamp) as f:
       if json.load(f) == gen:
         return out
-  generate_dataset(out, **gen)
+  generate_dataset(out, **config.data.generate.to_dict())
   with open(stamp, 'w') as f:
     json.dump(gen, f)
   return out
