@@ -10,7 +10,8 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 empty, generated reviews are served through tfds.testing.mock_data.
 
 LRA's config truncates at 1000 bytes (`data.max_length`); the papers use 4000
-(P4): the `xiong` and `cst` options use 4000. IMDb has no validation split:
+(P4): the `xiong` and `cst` options use 4000, and `--config.data.max_length=
+4000` gives the LRA setup at the papers' length. IMDb has no validation split:
 validation is the test split (P5), which results.json records.
 LRA reports 64.27% for the Transformer (PROTOCOL §10.1).
 """
