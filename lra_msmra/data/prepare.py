@@ -283,6 +283,9 @@ def _print_report(report: dict[str, Any], out: str) -> None:
       continue
     print(f'{name}: {entry["source"]}')
     for split, n in entry['examples'].items():
+      if isinstance(n, dict):  # Pathfinder: per difficulty, per split.
+        n = ', '.join(f'{s} {c["images"]} (+{c["empty_pngs"]} empty PNG)'
+                      for s, c in n.items())
       print(f'  {split}: {n}')
   for name, copies in report.get('release', {}).get('duplicates', {}).items():
     for c in copies:
@@ -291,7 +294,7 @@ def _print_report(report: dict[str, Any], out: str) -> None:
               f'{c["only_in_other"]} only in the other, '
               f'{c["size_differs"] + c["content_differs"]} with other '
               'contents')
-      print(f'{name}: a second copy exists (P20) at {c["other"]}: {same}. '
+      print(f'{name}: a second copy exists at {c["other"]}: {same}. '
             f'Using {c["used"]}.')
   for name, splits in report.get('tfds', {}).items():
     print(f'{name}: ' + ', '.join(f'{s} {n}' for s, n in splits.items()))

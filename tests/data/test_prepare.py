@@ -100,7 +100,8 @@ def test_nested_archive(tmp_path, capsys):
   assert dup['listops-1000'][0]['identical']
   assert not dup['pathfinder128'][0]['identical']
   assert dup['pathfinder128'][0]['content_differs'] > 0
-  assert 'pathfinder128: a second copy exists (P20)' in stdout
+  assert 'pathfinder128: a second copy exists' in stdout
+  assert 'hard: train 16 (+0 empty PNG)' in stdout
   assert '  train: 5' in stdout and '--config.data_dir=' in stdout
 
 
