@@ -3,7 +3,11 @@ r"""Image (sequential grayscale CIFAR-10) base config: official LRA (PROTOCOL §
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/image/transformer.py \
-      --config.data_dir=/path/to/tensorflow_datasets --workdir DIR
+      --config.data_dir=/path/to/prepared --workdir DIR
+
+`data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
+--out /path/to/prepared` (or any TFDS data dir with `cifar10`); left empty,
+generated images are served through tfds.testing.mock_data.
 
 Pixels (0..255, grayscale exactly as TF's rgb_to_grayscale, P22) are tokens,
 row-major, 1024 per image; black pixels count as padding as in LRA (P8,
@@ -24,6 +28,15 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c = config_lib.default_config()
   c.task = 'image'
   c.data = ml_collections.ConfigDict()
+  # Zero-pad the pixel tokens further to this length (0 = none).
+  c.data.pad_to_length = 0
+  # 'batches': LRA shuffles whole batches of 256 consecutive images (P10);
+  # 'examples': reshuffle images every epoch (the xiong and cst options).
+  c.data.shuffle = 'batches'
+  # Used only when data_dir is empty: generated images served through
+  # tfds.testing.mock_data, as many as CIFAR-10 has.
+  c.data.generate = ml_collections.ConfigDict(dict(
+      num_train=50000, num_test=10000, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 1, 128, 8, 64, 128
@@ -45,10 +58,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config_lib.apply_xiong(c, learning_rate=1e-4, warmup_steps=175,
                            num_train_steps=35000, batch_size=256,
                            eval_every_steps=175, pos_table_len=1024)
+    c.data.shuffle = 'examples'
   if 'cst' in opts:
     config_lib.apply_cst(c, learning_rate=2e-4, warmup_steps=175,
                          num_train_steps=35000, batch_size=256,
                          eval_every_steps=175)
+    c.data.shuffle = 'examples'
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
+    c.data.generate.num_train, c.data.generate.num_test = 2000, 500
   return c

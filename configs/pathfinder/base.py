@@ -3,7 +3,11 @@ r"""Pathfinder (32x32, hard) base config: official LRA (PROTOCOL §5.5).
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/pathfinder/transformer.py \
-      --config.data_dir=/path/to/lra_release --workdir DIR
+      --config.data_dir=/path/to/prepared --workdir DIR
+
+`data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
+the release folder holding pathfinder32/ ... pathfinder256/); left empty, a
+small synthetic set in the release layout is generated.
 
 `data.difficulty` picks curv_baseline ('easy'), curv_contour_length_9
 ('intermediate', used by the Combiner paper) or curv_contour_length_14
@@ -25,6 +29,14 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.resolution = 32
   c.data.difficulty = 'hard'
+  # Zero-pad the pixel tokens further to this length (0 = none).
+  c.data.pad_to_length = 0
+  # 'batches': LRA shuffles whole batches (buffer of 2048 batches, P10);
+  # 'examples': reshuffle images every epoch (the xiong and cst options).
+  c.data.shuffle = 'batches'
+  # Used only when data_dir is empty: synthetic images in the release
+  # layout, written to <workdir>/data/pathfinder.
+  c.data.generate = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 4, 32, 4, 16, 32
@@ -46,10 +58,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config_lib.apply_xiong(c, learning_rate=1e-4, warmup_steps=312,
                            num_train_steps=62400, batch_size=256,
                            eval_every_steps=312, pos_table_len=1024)
+    c.data.shuffle = 'examples'
   if 'cst' in opts:
     config_lib.apply_cst(c, learning_rate=1e-4, warmup_steps=312,
                          num_train_steps=62400, batch_size=256,
                          eval_every_steps=312)
+    c.data.shuffle = 'examples'
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
+    c.data.generate.num_examples = 3000
   return c

@@ -3,7 +3,11 @@ r"""Path-X (Pathfinder 128x128, hard) base config: official LRA (PROTOCOL §5.6)
 Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
 
   python -m lra_msmra.main --config configs/pathx/transformer.py \
-      --config.data_dir=/path/to/lra_release --workdir DIR
+      --config.data_dir=/path/to/prepared --workdir DIR
+
+`data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
+the release folder holding pathfinder32/ ... pathfinder256/); left empty, a
+small synthetic set in the release layout is generated.
 
 16384 tokens per image; every model of the LRA paper FAILs (chance level).
 Full softmax attention at this length needs a large accelerator.
@@ -23,6 +27,14 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.resolution = 128
   c.data.difficulty = 'hard'
+  # Zero-pad the pixel tokens further to this length (0 = none).
+  c.data.pad_to_length = 0
+  # 'batches': LRA shuffles whole batches (buffer of 2048 batches, P10);
+  # 'examples': reshuffle images every epoch.
+  c.data.shuffle = 'batches'
+  # Used only when data_dir is empty: synthetic images in the release
+  # layout, written to <workdir>/data/pathfinder.
+  c.data.generate = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 1, 32, 2, 16, 32
@@ -42,4 +54,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
 
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
+    # 16384 tokens per image do not fit a CPU run: runlocal uses 32x32
+    # images (generated, or the pathfinder32 folder of data_dir).
+    c.data.resolution = 32
+    c.data.generate.num_examples = 3000
   return c

@@ -3,7 +3,11 @@ r"""Retrieval (byte-level AAN matching) base config: official LRA (PROTOCOL §5.
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/retrieval/transformer.py \
-      --config.data_dir=/path/to/lra_release/tsv_data --workdir DIR
+      --config.data_dir=/path/to/prepared --workdir DIR
+
+`data_dir` is the folder written by `python -m lra_msmra.data.prepare` or the
+release's `tsv_data` folder; left empty, tiny TSVs in the official format are
+generated.
 
 The dual encoder of PROTOCOL §3.2 (fixes P1): one shared encoder per document,
 LRA head = position-0 pooling (no CLS token, P2), [u, v], MLP 512-256-2; the
@@ -27,6 +31,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data.max_length = 4000
   # Zero-pad each document further to this length (0 = max_length).
   c.data.pad_to_length = 0
+  # 'examples': reshuffle every epoch (LRA shuffles examples here too);
+  # 'batches': LRA's image-pipeline order (P10).
+  c.data.shuffle = 'examples'
+  # Used only when data_dir is empty: generated pairs in the official TSV
+  # format, written to <workdir>/data/retrieval.
+  c.data.generate = ml_collections.ConfigDict(dict(
+      num_train=147086, num_valid=18090, num_test=17437, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 4, 128, 4, 128, 512
@@ -54,5 +65,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                          eval_every_steps=300)
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=256)
+    c.data.generate = ml_collections.ConfigDict(dict(
+        num_train=2000, num_valid=200, num_test=200, seed=0))
     m.head_hidden = (128,) if 'xiong' in opts else (128, 64)
   return c

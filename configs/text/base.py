@@ -3,10 +3,15 @@ r"""Text (byte-level IMDb) base config: the official LRA setup (PROTOCOL §5.2).
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/text/transformer.py \
-      --config.data_dir=/path/to/tensorflow_datasets --workdir DIR
+      --config.data_dir=/path/to/prepared --workdir DIR
+
+`data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
+--out /path/to/prepared` (or any TFDS data dir with `imdb_reviews`); left
+empty, generated reviews are served through tfds.testing.mock_data.
 
 LRA's config truncates at 1000 bytes (`data.max_length`); the papers use 4000
-(P4): the `xiong` and `cst` options use 4000. IMDb has no validation split:
+(P4): the `xiong` and `cst` options use 4000, and `--config.data.max_length=
+4000` gives the LRA setup at the papers' length. IMDb has no validation split:
 validation is the test split (P5), which results.json records.
 LRA reports 64.27% for the Transformer (PROTOCOL §10.1).
 """
@@ -26,6 +31,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data.max_length = 1000
   # Zero-pad inputs further to this length (0 = max_length).
   c.data.pad_to_length = 0
+  # 'examples': reshuffle every epoch (LRA shuffles examples for Text too);
+  # 'batches': LRA's image-pipeline order (P10).
+  c.data.shuffle = 'examples'
+  # Used only when data_dir is empty: generated reviews served through
+  # tfds.testing.mock_data, as many as IMDb has.
+  c.data.generate = ml_collections.ConfigDict(dict(
+      num_train=25000, num_test=25000, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 4, 256, 4, 256, 1024
@@ -54,4 +66,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
                          eval_every_steps=200)
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=256)
+    c.data.generate.num_train, c.data.generate.num_test = 2000, 500
   return c

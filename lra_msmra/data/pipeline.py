@@ -4,11 +4,23 @@ A split is a random-access `Source`: `len(source)` examples and
 `source.get(indices) -> {key: np.ndarray [len(indices), ...]}`. Batching never
 depends on hidden iterator state:
 
-* Training batch `step` holds the examples at stream positions
-  `[step * B, (step + 1) * B)` of an endless stream in which epoch `e` is a
-  permutation of the split drawn from `(seed, e)`. The data position of a run
-  is therefore its step, and a resumed run sees exactly the batches it would
-  have seen (PROTOCOL §4.3 notes that LRA's tf.data pipelines are not seeded).
+* Training batch `step` is a pure function of `(seed, step)`, so the data
+  position of a run is its step and a resumed run sees exactly the batches it
+  would have seen (PROTOCOL §4.3 notes that LRA's tf.data pipelines are not
+  seeded). Two orders exist (P10), chosen by the training split's
+  `train_shuffle` (see `with_train_shuffle`):
+
+  - `'examples'` (default): batch `step` holds stream positions
+    `[step * B, (step + 1) * B)` of an endless stream in which epoch `e` is a
+    permutation of the split drawn from `(seed, e)`.
+  - `'batches'` (LRA's image pipelines: `repeat -> batch -> shuffle(W)`):
+    the split is repeated in its stored order and cut into consecutive
+    batches, so a batch always holds the same neighbouring examples; only the
+    order of batches is shuffled, by a permutation drawn from `(seed, w)`
+    within each window `w` of `W` consecutive batches. tf.data's shuffle
+    buffer of `W` batches is unseeded and has a long tail; the window
+    permutation is its deterministic counterpart: every batch of a window is
+    seen exactly once, at most `W - 1` steps away from its stream position.
 * Evaluation walks the split in order. The last batch is filled up with
   copies of example 0 whose `weights` are 0, so every example is counted
   exactly once and every batch has the same shape.
@@ -71,8 +83,66 @@ def _local_slice(global_batch: int, process_index: int, process_count: int
   return slice(process_index * per, (process_index + 1) * per)
 
 
+SHUFFLE_LEVELS = ('examples', 'batches')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainShuffle:
+  """How training batches are drawn (see the module docstring).
+
+  Attributes:
+    level: 'examples' (a fresh permutation of the split every epoch) or
+      'batches' (fixed consecutive batches, shuffled in windows: LRA, P10).
+    window: 'batches' only: number of batches per shuffle window (LRA's
+      shuffle buffer size); must be 0 for 'examples'.
+  """
+  level: str = 'examples'
+  window: int = 0
+
+  def __post_init__(self):
+    if self.level not in SHUFFLE_LEVELS:
+      raise ValueError(f'Shuffle level {self.level!r}; valid: '
+                       f'{SHUFFLE_LEVELS}.')
+    if (self.level == 'batches') != (self.window > 0):
+      raise ValueError(f'Shuffle window {self.window} does not fit level '
+                       f"{self.level!r}: 'batches' needs a positive window, "
+                       "'examples' takes 0.")
+
+  def describe(self) -> str:
+    if self.level == 'examples':
+      return 'examples (reshuffled every epoch)'
+    return f'batches (LRA, P10; window of {self.window} batches)'
+
+
+@dataclasses.dataclass
+class ShuffledSource:
+  """A split tagged with the order `TrainBatches` draws it in.
+
+  Task modules choose the order from their config; the trainer stays
+  unaware of it.
+  """
+  source: Source
+  train_shuffle: TrainShuffle
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def get(self, indices: np.ndarray) -> Batch:
+    return self.source.get(indices)
+
+
+def with_train_shuffle(source: Source, level: str, window: int = 0
+                       ) -> ShuffledSource:
+  """Tags a training split with its shuffle order (`TrainShuffle`)."""
+  return ShuffledSource(source, TrainShuffle(level, window))
+
+
 class TrainBatches:
-  """Endless, seeded, example-level shuffled batches addressed by step."""
+  """Endless, seeded training batches addressed by step.
+
+  The order is the source's `train_shuffle` when it has one (see
+  `with_train_shuffle`), else example-level shuffling.
+  """
 
   def __init__(self, source: Source, global_batch: int, seed: int,
                process_index: int = 0, process_count: int = 1):
@@ -81,26 +151,39 @@ class TrainBatches:
     self.source = source
     self.global_batch = global_batch
     self.seed = seed
+    self.shuffle = getattr(source, 'train_shuffle', None) or TrainShuffle()
     self._slice = _local_slice(global_batch, process_index, process_count)
-    self._perms: dict[int, np.ndarray] = {}
+    self._perms: dict[tuple[str, int], np.ndarray] = {}
 
-  def _permutation(self, epoch: int) -> np.ndarray:
-    if epoch not in self._perms:
+  def _permutation(self, kind: str, index: int, size: int) -> np.ndarray:
+    """Permutation of `size` drawn from (seed, index); a few are cached."""
+    key = (kind, index)
+    if key not in self._perms:
       if len(self._perms) > 2:
-        self._perms.pop(min(self._perms))
-      rng = np.random.default_rng([self.seed, epoch])
-      self._perms[epoch] = rng.permutation(len(self.source))
-    return self._perms[epoch]
+        self._perms.pop(next(iter(self._perms)))
+      # Windows draw from a separate stream ([seed, 1, w]); epochs keep the
+      # original [seed, e] so example-level batches are unchanged.
+      entropy = ([self.seed, index] if kind == 'epoch' else
+                 [self.seed, 1, index])
+      rng = np.random.default_rng(entropy)
+      self._perms[key] = rng.permutation(size)
+    return self._perms[key]
 
   def indices(self, step: int) -> np.ndarray:
     """Example indices of global batch `step` (before the process slice)."""
     n = len(self.source)
+    if self.shuffle.level == 'batches':
+      window, offset = divmod(step, self.shuffle.window)
+      batch = window * self.shuffle.window + int(
+          self._permutation('window', window, self.shuffle.window)[offset])
+      positions = batch * self.global_batch + np.arange(self.global_batch)
+      return positions % n
     positions = step * self.global_batch + np.arange(self.global_batch)
     epochs, offsets = np.divmod(positions, n)
     out = np.empty(self.global_batch, dtype=np.int64)
     for e in np.unique(epochs):
       sel = epochs == e
-      out[sel] = self._permutation(int(e))[offsets[sel]]
+      out[sel] = self._permutation('epoch', int(e), n)[offsets[sel]]
     return out
 
   def get(self, step: int) -> Batch:
@@ -132,6 +215,77 @@ def eval_batches(source: Source, global_batch: int, num_steps: int = -1,
     batch = source.get(idx)
     batch['weights'] = real[local].astype(np.float32)
     yield batch
+
+
+class RaggedSource:
+  """Variable-length id sequences stored flat, zero-padded at batch time.
+
+  Holding long documents padded would cost `n * length` ids per key (e.g.
+  Retrieval: 147k pairs x 2 x 4000); here each key keeps one flat array of
+  the real ids (narrow dtype, e.g. uint8 bytes) plus offsets.
+
+  Attributes:
+    length: every sequence is truncated / zero-padded to this many ids.
+    id_offset: added to every stored value (e.g. 1 turns bytes 0..255 into
+      ids 1..256 with 0 left for padding).
+  """
+
+  def __init__(self, sequences: Mapping[str, list[np.ndarray]],
+               dense: Mapping[str, np.ndarray], length: int,
+               id_offset: int = 0):
+    """Builds the source.
+
+    Args:
+      sequences: key -> list of 1-D integer arrays (one per example).
+      dense: key -> array `[n, ...]` returned as is (e.g. `targets`).
+      length: padded length of every sequence key.
+      id_offset: added to every stored sequence value.
+    """
+    sizes = {k: len(v) for k, v in {**sequences, **dense}.items()}
+    if len(set(sizes.values())) != 1:
+      raise ValueError(f'Fields of one split differ in length: {sizes}.')
+    self.length = length
+    self.id_offset = id_offset
+    self._flat, self._starts, self._lengths = {}, {}, {}
+    for k, seqs in sequences.items():
+      lengths = np.array([min(len(x), length) for x in seqs], np.int64)
+      starts = np.zeros(len(seqs) + 1, np.int64)
+      np.cumsum(lengths, out=starts[1:])
+      flat = (np.concatenate([np.asarray(x)[:n] for x, n in
+                              zip(seqs, lengths)]) if len(seqs) else
+              np.zeros(0, np.uint8))
+      self._flat[k], self._starts[k], self._lengths[k] = flat, starts, lengths
+    self._dense = dict(dense)
+
+  def __len__(self) -> int:
+    return len(next(iter({**self._lengths, **self._dense}.values())))
+
+  def lengths(self, key: str) -> np.ndarray:
+    """Stored (truncated) length of every sequence of `key`."""
+    return self._lengths[key]
+
+  def get(self, indices: np.ndarray) -> Batch:
+    out = {}
+    for k, flat in self._flat.items():
+      x = np.zeros((len(indices), self.length), np.int32)
+      for row, i in enumerate(indices):
+        start, n = self._starts[k][i], self._lengths[k][i]
+        x[row, :n] = flat[start:start + n].astype(np.int32) + self.id_offset
+      out[k] = x
+    for k, v in self._dense.items():
+      x = v[indices]
+      out[k] = x.astype(np.int32) if np.issubdtype(x.dtype, np.integer) else x
+    return out
+
+
+def fidelity_notes(config: Any, shuffle: TrainShuffle) -> dict[str, Any]:
+  """The LRA fidelity switches of a run, for results.json (P8, P9, P10)."""
+  m = config.model
+  return {
+      'zero_id_is_padding': bool(m.mask_padding),  # P8: black pixels too.
+      'pooling': m.pooling,  # P9: 'MEAN' is unmasked (LRA), 'MASKED_MEAN' not.
+      'train_shuffle': shuffle.describe(),  # P10.
+  }
 
 
 def pad_or_truncate(tokens: list[np.ndarray] | list[list[int]], length: int,

@@ -1,22 +1,173 @@
-"""Text: byte-level IMDb classification (PROTOCOL §5.2).
+"""Text: byte-level IMDb review classification (PROTOCOL §5.2).
 
-The input pipeline lands with the task-pipelines issue; the model spec below
-is what configs and parameter budgets need.
+As LRA (`text_classification/input_pipeline.py`):
+
+* Data: TFDS `imdb_reviews` (plain_text); `train` for training and the
+  `test` split for both validation and test, because IMDb has no validation
+  split (P5). Model selection on "validation" is selection on test; this is
+  recorded in the notes that go to results.json.
+* Tokens: the UTF-8 bytes of the raw review (HTML such as `<br />`
+  included), id = byte + 1, 0 = padding, vocabulary 257 (TFDS
+  `ByteTextEncoder` without extra tokens). Truncated to `max_length`, then
+  zero-padded to `pad_to_length` (or `max_length`).
+* `max_length` is 1000 in LRA's config and 4000 in the papers (P4); both are
+  configs (see configs/text/base.py).
+
+Where we differ: LRA shuffles with a 256-example buffer; we reshuffle the
+whole split every epoch, seeded (`data.shuffle`, P10). LRA's last evaluation
+batch is partial; ours is padded with zero-weight copies, so every example
+counts once either way.
+
+Without `config.data_dir` (runlocal, tests) the same `tfds.load` path reads
+generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
+
+config.data keys:
+  max_length: bytes kept per review.
+  pad_to_length: zero-pad further to this length (0 = max_length).
+  shuffle: 'examples' or 'batches' (P10; LRA shuffles examples here).
+  generate: {num_train, num_test, seed}, used only without data_dir.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from lra_msmra.data import pipeline
+from lra_msmra.data import tfds_io
+
 VOCAB_SIZE = 257  # byte + 1; 0 = padding.
 NUM_CLASSES = 2
+TFDS_NAME = 'imdb_reviews'
+DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generate'}
+GENERATE_KEYS = {'num_train', 'num_test', 'seed'}
+# Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
+BATCH_SHUFFLE_WINDOW = 256
+
+_POSITIVE = ('great', 'wonderful', 'superb', 'moving', 'brilliant', 'loved',
+             'delightful', 'charming', 'masterpiece', 'fun')
+_NEGATIVE = ('awful', 'boring', 'terrible', 'dull', 'waste', 'hated',
+             'clumsy', 'annoying', 'mess', 'worst')
+_NEUTRAL = ('the', 'film', 'movie', 'plot', 'actors', 'a', 'and', 'was',
+            'story', 'scene', 'director', 'it', 'of', 'ending', 'music',
+            'café', 'naïve')
+
+
+def _check_data_config(data: Any) -> None:
+  keys = set(data.keys())
+  if keys != DATA_KEYS:
+    raise ValueError(f'config.data for text must have exactly '
+                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
+                     f', missing {sorted(DATA_KEYS - keys)}.')
+  gkeys = set(data.generate.keys())
+  if gkeys != GENERATE_KEYS:
+    raise ValueError(f'config.data.generate must have exactly '
+                     f'{sorted(GENERATE_KEYS)}; unknown '
+                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
+                     f'{sorted(GENERATE_KEYS - gkeys)}.')
+  if not isinstance(data.max_length, int) or data.max_length < 1:
+    raise ValueError(f'config.data.max_length={data.max_length!r} must be a '
+                     'positive integer.')
+  if data.pad_to_length and data.pad_to_length < data.max_length:
+    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
+                     f'below max_length={data.max_length}; use 0 for none.')
+  if data.shuffle not in pipeline.SHUFFLE_LEVELS:
+    raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
+                     f'{pipeline.SHUFFLE_LEVELS}.')
+
+
+def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """Generated reviews in IMDb's format, labelled by their sentiment words.
+
+  Each review mixes neutral words with words from one sentiment lexicon
+  (label 1 = positive, as in TFDS) and carries IMDb's `<br />` markup and a
+  few multi-byte UTF-8 characters, so a small model can learn the label.
+
+  Returns:
+    (texts, labels): an object array of UTF-8 bytes `[num]` and int64
+    `[num]`.
+  """
+  rng = np.random.default_rng(seed)
+  texts, labels = [], np.zeros(num, np.int64)
+  for i in range(num):
+    label = int(rng.integers(2))
+    lexicon = _POSITIVE if label else _NEGATIVE
+    words = []
+    for _ in range(int(rng.integers(20, 60))):
+      pool = lexicon if rng.random() < 0.25 else _NEUTRAL
+      words.append(pool[int(rng.integers(len(pool)))])
+    cut = int(rng.integers(1, len(words)))
+    text = ' '.join(words[:cut]) + '.<br /><br />' + ' '.join(words[cut:])
+    texts.append(text.capitalize().encode('utf-8') + b'.')
+    labels[i] = label
+  return np.array(texts, dtype=object), labels
+
+
+def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
+  """Reads train and test through `tfds.load` (mocked without data_dir)."""
+  splits = ('train', 'test')
+  if config.data_dir:
+    tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
+    return tfds_io.load(TFDS_NAME, splits, tfds_dir, ('text', 'label')), (
+        f'tfds {TFDS_NAME} in {tfds_dir}')
+  gen = config.data.generate
+  examples = {}
+  for i, (split, num) in enumerate((('train', gen.num_train),
+                                    ('test', gen.num_test))):
+    texts, labels = synthetic_reviews(num, gen.seed + i)
+    examples[split] = {'text': texts, 'label': labels}
+  with tfds_io.mock(examples):
+    data = tfds_io.load(TFDS_NAME, splits, None, ('text', 'label'))
+  return data, f'generated reviews served as tfds {TFDS_NAME} (mock_data)'
+
+
+def _source(split: dict[str, np.ndarray], name: str, length: int,
+            max_length: int) -> pipeline.RaggedSource:
+  labels = split['label'].astype(np.int32)
+  bad = np.flatnonzero((labels < 0) | (labels >= NUM_CLASSES))
+  if bad.size:
+    raise ValueError(f'{TFDS_NAME} {name}: label {labels[bad[0]]} of example '
+                     f'{bad[0]} is outside 0..{NUM_CLASSES - 1}.')
+  # Bytes are stored raw (uint8) and shifted to ids at batch time.
+  texts = [np.frombuffer(t, np.uint8)[:max_length] for t in split['text']]
+  return pipeline.RaggedSource({'inputs': texts}, {'targets': labels},
+                               length=length, id_offset=1)
 
 
 def get_model_spec(config: Any) -> dict[str, Any]:
+  _check_data_config(config.data)
   return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
           'max_len': config.data.pad_to_length or config.data.max_length,
           'dual': False}
 
 
-def get_datasets(config: Any, workdir: str):
-  raise NotImplementedError('The Text input pipeline is not built yet.')
+def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
+  """The IMDb splits for `config` (see the module docstring).
+
+  Args:
+    config: the run config; `config.data` as in the module docstring.
+    workdir: unused (nothing is generated on disk).
+  """
+  del workdir
+  _check_data_config(config.data)
+  data, origin = _load(config)
+  length = config.data.pad_to_length or config.data.max_length
+  train = _source(data['train'], 'train', length, config.data.max_length)
+  test = _source(data['test'], 'test', length, config.data.max_length)
+  window = BATCH_SHUFFLE_WINDOW if config.data.shuffle == 'batches' else 0
+  train = pipeline.with_train_shuffle(train, config.data.shuffle, window)
+  truncated = float(np.mean([len(t) > config.data.max_length
+                             for t in data['test']['text']]))
+  notes = {
+      'data': origin,
+      'generated': not config.data_dir,
+      'max_length': config.data.max_length,
+      # P5: IMDb has no validation split; LRA validates on test.
+      'validation_is_test': True,
+      'test_fraction_truncated': truncated,
+      **pipeline.fidelity_notes(config, train.train_shuffle),
+  }
+  return pipeline.TaskData(
+      train=train, eval=test, test=test, num_classes=NUM_CLASSES,
+      vocab_size=VOCAB_SIZE, max_len=length, notes=notes)

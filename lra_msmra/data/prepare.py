@@ -1,0 +1,347 @@
+r"""Turns what a user downloads into the folder every task config reads.
+
+  python -m lra_msmra.data.prepare --lra_release PATH --out DIR [--tfds]
+
+What to download (PROTOCOL §2):
+
+* The LRA release, `lra_release.gz` (a gzipped tar, ~8 GB, ~19 GB
+  unpacked) from https://storage.googleapis.com/long-range-arena/
+  lra_release.gz. `--lra_release` takes the archive itself (it is unpacked
+  into `DIR/release/`) or a folder where it was unpacked (`tar xvf`), in
+  either layout seen in the wild: nested (`lra_release/lra_release/
+  {listops-1000,tsv_data,pathfinder*}` plus top-level copies of
+  `listops-1000` and `pathfinder128`) or flat (the task folders directly
+  under one folder).
+* IMDb and CIFAR-10 are not in the release; they come from TFDS. `--tfds`
+  downloads and prepares `imdb_reviews` and `cifar10` into
+  `DIR/tensorflow_datasets/` (needs internet access, ~200 MB).
+
+What it writes (`DIR/`):
+
+  listops-1000/, tsv_data/, pathfinder32/ ... pathfinder256/
+      symbolic links to the chosen copy of each release folder
+  release/                 the unpacked archive (only when given the archive)
+  tensorflow_datasets/     with --tfds
+  prepared.json            where each folder comes from, counts per split,
+                           duplicate copies found (P20)
+
+Then point the configs at it: `--config.data_dir=DIR` for Text, Retrieval,
+Image, Pathfinder and Path-X, `--config.data_dir=DIR/listops-1000` for
+ListOps.
+
+Checks: the files of every task in `--tasks` must exist (the command fails
+naming each missing path); per split it prints the number of examples, and
+for Pathfinder the empty PNGs that the pipeline will skip (P21).
+
+Duplicates (P20): the nested archive holds two `pathfinder128` folders, and
+nobody documents which one is right (a ResNet stays at chance on one of
+them, LRA issue #38); the nested archive also holds two `listops-1000`
+folders. We use the copy that sits with the other task folders
+(`--pathfinder128_copy main`) and report whether the other copy holds
+identical files (names, sizes, then bytes; this reads both copies once);
+`--pathfinder128_copy extra` selects the other one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import re
+import sys
+import tarfile
+from typing import Any, Optional, Sequence
+
+from lra_msmra.data import pathfinder
+from lra_msmra.data import retrieval
+from lra_msmra.data import tfds_io
+
+LISTOPS = 'listops-1000'
+LISTOPS_SPLITS = ('train', 'val', 'test')
+COMPONENT_RE = re.compile(
+    r'^(listops-1000|tsv_data|pathfinder(32|64|128|256))$')
+TASKS = ('listops', 'retrieval', 'pathfinder', 'pathx')
+# Release folder each task needs.
+TASK_FOLDERS = {'listops': LISTOPS, 'retrieval': retrieval.SUBDIR,
+                'pathfinder': 'pathfinder32', 'pathx': 'pathfinder128'}
+TFDS_DATASETS = ('imdb_reviews', 'cifar10')
+MANIFEST = 'prepared.json'
+# How deep below --lra_release the task folders may sit.
+MAX_DEPTH = 4
+
+
+class PrepareError(Exception):
+  """A problem with the user's data, explained in the message."""
+
+
+def find_copies(root: str, skip: Optional[str] = None
+                ) -> dict[str, list[str]]:
+  """Release task folders under `root`: name -> every path holding one.
+
+  Args:
+    root: where to look (up to MAX_DEPTH levels down).
+    skip: a folder not to enter (the output folder, which holds links).
+  """
+  found: dict[str, list[str]] = {}
+  skip = os.path.realpath(skip) if skip else None
+
+  def walk(path: str, depth: int) -> None:
+    try:
+      entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+      return
+    for entry in entries:
+      if not entry.is_dir() or os.path.realpath(entry.path) == skip:
+        continue
+      if COMPONENT_RE.match(entry.name):
+        found.setdefault(entry.name, []).append(entry.path)
+      elif depth < MAX_DEPTH:
+        walk(entry.path, depth + 1)
+
+  if COMPONENT_RE.match(os.path.basename(os.path.normpath(root))):
+    found[os.path.basename(os.path.normpath(root))] = [root]
+  else:
+    walk(root, 1)
+  return found
+
+
+def choose_copies(found: dict[str, list[str]], pathfinder128_copy: str
+                  ) -> tuple[dict[str, str], dict[str, list[str]]]:
+  """Picks one copy per folder; returns (chosen, the other copies).
+
+  The main copy of a folder is the one whose parent holds the most task
+  folders (the inner `lra_release` of the nested layout).
+  """
+  parents: dict[str, int] = {}
+  for paths in found.values():
+    for p in paths:
+      parent = os.path.dirname(p)
+      parents[parent] = parents.get(parent, 0) + 1
+  chosen, others = {}, {}
+  for name, paths in found.items():
+    ranked = sorted(paths, key=lambda p: (-parents[os.path.dirname(p)], p))
+    pick = ranked[0]
+    if name == 'pathfinder128' and pathfinder128_copy == 'extra':
+      if len(ranked) < 2:
+        raise PrepareError('--pathfinder128_copy extra: the release has only '
+                           f'one pathfinder128 folder ({ranked[0]}).')
+      pick = ranked[1]
+    chosen[name] = pick
+    others[name] = [p for p in ranked if p != pick]
+  return chosen, others
+
+
+def _file_sizes(folder: str) -> dict[str, int]:
+  sizes = {}
+  for dirpath, _, files in os.walk(folder):
+    for f in files:
+      path = os.path.join(dirpath, f)
+      sizes[os.path.relpath(path, folder)] = os.path.getsize(path)
+  return sizes
+
+
+def compare_copies(a: str, b: str) -> dict[str, Any]:
+  """Compares two copies of a folder file by file (P20).
+
+  Names and sizes first; files that agree on both are compared byte by byte.
+  """
+  sa, sb = _file_sizes(a), _file_sizes(b)
+  only_a, only_b = sorted(set(sa) - set(sb)), sorted(set(sb) - set(sa))
+  common = sorted(set(sa) & set(sb))
+  size_differs = [k for k in common if sa[k] != sb[k]]
+  content_differs = [
+      k for k in common if sa[k] == sb[k] and not filecmp.cmp(
+          os.path.join(a, k), os.path.join(b, k), shallow=False)]
+  differ = only_a + only_b + size_differs + content_differs
+  return {'used': a, 'other': b, 'files_used': len(sa), 'files_other': len(sb),
+          'only_in_used': len(only_a), 'only_in_other': len(only_b),
+          'size_differs': len(size_differs),
+          'content_differs': len(content_differs),
+          'identical': not differ, 'examples': differ[:5]}
+
+
+def missing_files(name: str, folder: Optional[str]) -> list[str]:
+  """What a task folder lacks (relative to the release), empty if complete."""
+  if folder is None:
+    return [f'{name}/']
+  if name == LISTOPS:
+    need = [f'basic_{s}.tsv' for s in LISTOPS_SPLITS]
+  elif name == retrieval.SUBDIR:
+    need = [os.path.basename(retrieval.split_path('', s))
+            for s in retrieval.SPLITS.values()]
+  else:
+    need = []
+    for sub in pathfinder.DIFFICULTIES.values():
+      need += [f'{sub}/imgs/', f'{sub}/metadata/']
+  return [f'{name}/{n}' for n in need
+          if not os.path.exists(os.path.join(folder, n))]
+
+
+def _count_lines(path: str) -> int:
+  with open(path, 'rb') as f:
+    return sum(1 for _ in f)
+
+
+def count_examples(name: str, folder: str) -> dict[str, Any]:
+  """Examples per split of one release folder."""
+  if name == LISTOPS:
+    return {s: _count_lines(os.path.join(folder, f'basic_{s}.tsv')) - 1
+            for s in LISTOPS_SPLITS}  # Minus the header.
+  if name == retrieval.SUBDIR:
+    return {s: _count_lines(retrieval.split_path(folder, s))
+            for s in retrieval.SPLITS.values()}
+  counts = {}
+  for difficulty, sub in pathfinder.DIFFICULTIES.items():
+    path = os.path.join(folder, sub)
+    examples = pathfinder.read_metadata(path)
+    per_split = {}
+    for split, exs in pathfinder.split_examples(examples, difficulty).items():
+      empty = sum(os.path.getsize(os.path.join(path, e.image)) == 0
+                  for e in exs)
+      per_split[split] = {'images': len(exs) - empty, 'empty_pngs': empty}
+    counts[difficulty] = per_split
+  return counts
+
+
+def unpack(archive: str, dest: str) -> None:
+  """Unpacks the release tarball into `dest` (no paths outside it)."""
+  print(f'Unpacking {archive} into {dest} ...', flush=True)
+  os.makedirs(dest, exist_ok=True)
+  try:
+    with tarfile.open(archive, 'r:*') as tar:
+      tar.extractall(dest, filter='data')
+  except (tarfile.TarError, OSError, EOFError) as e:
+    raise PrepareError(f'{archive} is not a readable tar archive ({e}). '
+                       'Download lra_release.gz again.') from None
+
+
+def _link(target: str, link: str) -> None:
+  if os.path.islink(link):
+    os.remove(link)
+  elif os.path.exists(link):
+    raise PrepareError(f'{link} exists and is not a link from an earlier '
+                       'run; choose an empty --out folder.')
+  os.symlink(os.path.abspath(target), link)
+
+
+def prepare_release(release: str, out: str, tasks: Sequence[str],
+                    pathfinder128_copy: str = 'main') -> dict[str, Any]:
+  """Validates the release, links its folders into `out`, counts examples."""
+  if not os.path.exists(release):
+    raise PrepareError(f'--lra_release {release} does not exist.')
+  source = release
+  if os.path.isfile(release):
+    source = os.path.join(out, 'release')
+    unpack(release, source)
+  found = find_copies(source, skip=out)
+  chosen, others = choose_copies(found, pathfinder128_copy)
+  missing = []
+  for task in tasks:
+    name = TASK_FOLDERS[task]
+    missing += missing_files(name, chosen.get(name))
+  if missing:
+    raise PrepareError(
+        f'The LRA release at {release} lacks what {", ".join(tasks)} '
+        'need:\n  ' + '\n  '.join(missing) + '\nDownload lra_release.gz '
+        '(https://storage.googleapis.com/long-range-arena/lra_release.gz), '
+        'unpack it completely, or limit --tasks.')
+  report: dict[str, Any] = {'lra_release': os.path.abspath(release),
+                            'folders': {}, 'duplicates': {}}
+  for name in sorted(chosen):
+    complete = not missing_files(name, chosen[name])
+    entry = {'source': chosen[name], 'complete': complete}
+    if complete:
+      print(f'Checking {chosen[name]} ...', flush=True)
+      _link(chosen[name], os.path.join(out, name))
+      entry['examples'] = count_examples(name, chosen[name])
+    report['folders'][name] = entry
+    for other in others[name]:
+      report['duplicates'].setdefault(name, []).append(
+          compare_copies(chosen[name], other))
+  return report
+
+
+def prepare_tfds(out: str) -> dict[str, Any]:
+  """Downloads and prepares IMDb and CIFAR-10 with TFDS."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  data_dir = os.path.join(out, tfds_io.TFDS_SUBDIR)
+  report = {}
+  for name in TFDS_DATASETS:
+    print(f'TFDS: preparing {name} in {data_dir} ...', flush=True)
+    builder = tfds.builder(name, data_dir=data_dir)
+    builder.download_and_prepare()
+    report[name] = {s: info.num_examples
+                    for s, info in builder.info.splits.items()}
+  return report
+
+
+def _print_report(report: dict[str, Any], out: str) -> None:
+  for name, entry in report.get('release', {}).get('folders', {}).items():
+    if not entry['complete']:
+      print(f'{name}: incomplete, not linked ({entry["source"]})')
+      continue
+    print(f'{name}: {entry["source"]}')
+    for split, n in entry['examples'].items():
+      if isinstance(n, dict):  # Pathfinder: per difficulty, per split.
+        n = ', '.join(f'{s} {c["images"]} (+{c["empty_pngs"]} empty PNG)'
+                      for s, c in n.items())
+      print(f'  {split}: {n}')
+  for name, copies in report.get('release', {}).get('duplicates', {}).items():
+    for c in copies:
+      same = ('identical files' if c['identical'] else
+              f'DIFFERENT: {c["only_in_used"]} files only in the used copy, '
+              f'{c["only_in_other"]} only in the other, '
+              f'{c["size_differs"] + c["content_differs"]} with other '
+              'contents')
+      print(f'{name}: a second copy exists at {c["other"]}: {same}. '
+            f'Using {c["used"]}.')
+  for name, splits in report.get('tfds', {}).items():
+    print(f'{name}: ' + ', '.join(f'{s} {n}' for s, n in splits.items()))
+  print(f'\nWrote {os.path.join(out, MANIFEST)}. Use '
+        f'--config.data_dir={out} (ListOps: '
+        f'--config.data_dir={os.path.join(out, LISTOPS)}).')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = argparse.ArgumentParser(
+      prog='python -m lra_msmra.data.prepare',
+      description='Validate the LRA release (and optionally fetch IMDb and '
+      'CIFAR-10 with TFDS) into one folder that the configs read.')
+  p.add_argument('--lra_release', help='lra_release.gz or the folder it was '
+                 'unpacked into.')
+  p.add_argument('--out', required=True, help='Folder to write.')
+  p.add_argument('--tfds', action='store_true', help='Also download and '
+                 'prepare imdb_reviews and cifar10 with TFDS.')
+  p.add_argument('--tasks', default=','.join(TASKS),
+                 help=f'Comma-separated subset of {",".join(TASKS)} whose '
+                 'files must be present (default: all).')
+  p.add_argument('--pathfinder128_copy', choices=('main', 'extra'),
+                 default='main', help='Which pathfinder128 copy to use when '
+                 'the archive has two (P20).')
+  args = p.parse_args(argv)
+  tasks = [t.strip() for t in args.tasks.split(',') if t.strip()]
+  unknown = sorted(set(tasks) - set(TASKS))
+  if unknown:
+    p.error(f'--tasks: unknown {unknown}; valid: {list(TASKS)}.')
+  if not args.lra_release and not args.tfds:
+    p.error('Give --lra_release, --tfds or both.')
+  os.makedirs(args.out, exist_ok=True)
+  report: dict[str, Any] = {}
+  try:
+    if args.lra_release:
+      report['release'] = prepare_release(args.lra_release, args.out, tasks,
+                                          args.pathfinder128_copy)
+    if args.tfds:
+      report['tfds'] = prepare_tfds(args.out)
+  except (PrepareError, FileNotFoundError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  with open(os.path.join(args.out, MANIFEST), 'w') as f:
+    json.dump(report, f, indent=2)
+  _print_report(report, args.out)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
