@@ -12,5 +12,7 @@ setuptools.setup(
     install_requires=[
         'jax', 'flax', 'optax', 'chex', 'orbax-checkpoint', 'ml_collections',
         'absl-py', 'numpy', 'tensorboardX',
+        # Text, Image and Pathfinder data (imported lazily).
+        'tensorflow-datasets', 'tensorflow-cpu',
     ],
 )

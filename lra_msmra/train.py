@@ -379,6 +379,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         state, m = jit_train_step(state, batch)
         step = k + 1
         pending.add(k, m)
+        # At most two steps in flight: enough to keep the device busy, and a
+        # SIGTERM (preemption) is answered within a step or two instead of
+        # after every queued step.
+        if len(pending.items) > 1:
+          jax.block_until_ready(pending.items[-2][1])
         is_last = step == config.num_train_steps
         do_eval = step % config.eval_every_steps == 0 or is_last
         do_ckpt = step % config.checkpoint_every_steps == 0 or is_last

@@ -276,7 +276,15 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     raise FileNotFoundError(
         f'config.data_dir={data_dir!r} is not a directory. It must hold '
         f'{config.data.task_name}_{{train,val,test}}.tsv (the `listops-1000` '
-        'folder of the LRA release).')
+        'folder of the LRA release), or be the folder written by '
+        '`python -m lra_msmra.data.prepare`.')
+  else:
+    # The prepared folder (lra_msmra.data.prepare) holds listops-1000/.
+    first = f'{config.data.task_name}_train.tsv'
+    nested = os.path.join(data_dir, 'listops-1000')
+    if (not os.path.exists(os.path.join(data_dir, first)) and
+        os.path.exists(os.path.join(nested, first))):
+      data_dir = nested
   length = config.data.pad_to_length or config.data.max_length
   splits, labels = {}, {}
   for split in SPLITS:

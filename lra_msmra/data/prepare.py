@@ -25,9 +25,8 @@ What it writes (`DIR/`):
   prepared.json            where each folder comes from, counts per split,
                            duplicate copies found (P20)
 
-Then point the configs at it: `--config.data_dir=DIR` for Text, Retrieval,
-Image, Pathfinder and Path-X, `--config.data_dir=DIR/listops-1000` for
-ListOps.
+Then point every task's config at it: `--config.data_dir=DIR` (ListOps also
+takes `DIR/listops-1000` directly).
 
 Checks: the files of every task in `--tasks` must exist (the command fails
 naming each missing path); per split it prints the number of examples, and

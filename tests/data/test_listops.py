@@ -166,6 +166,11 @@ def test_pad_to_length_and_bad_data_dir(tmp_path):
   data = listops.get_datasets(config, str(tmp_path))
   assert data.train.get(np.arange(2))['inputs'].shape == (2, 128)
   assert spec_matches(config, data)
+  prepared = tmp_path / 'prepared'
+  os.makedirs(prepared)
+  os.symlink(tmp_path / 'data' / 'listops', prepared / 'listops-1000')
+  config.data_dir = str(prepared)
+  assert len(listops.get_datasets(config, str(tmp_path)).train) == 20
   with pytest.raises(FileNotFoundError, match='listops-1000'):
     listops.get_datasets(_data_config(str(tmp_path / 'nowhere')),
                          str(tmp_path))
