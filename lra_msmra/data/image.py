@@ -99,23 +99,8 @@ def synthetic_images(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_data_config(data: Any) -> None:
-  keys = set(data.keys())
-  if keys != DATA_KEYS:
-    raise ValueError(f'config.data for image must have exactly '
-                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
-                     f', missing {sorted(DATA_KEYS - keys)}.')
-  gkeys = set(data.generate.keys())
-  if gkeys != GENERATE_KEYS:
-    raise ValueError(f'config.data.generate must have exactly '
-                     f'{sorted(GENERATE_KEYS)}; unknown '
-                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
-                     f'{sorted(GENERATE_KEYS - gkeys)}.')
-  if data.pad_to_length and data.pad_to_length < SIDE * SIDE:
-    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
-                     f'below the {SIDE * SIDE} pixels; use 0 for none.')
-  if data.shuffle not in pipeline.SHUFFLE_LEVELS:
-    raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
-                     f'{pipeline.SHUFFLE_LEVELS}.')
+  pipeline.check_data_keys('image', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_length(data, SIDE * SIDE)
 
 
 def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:

@@ -221,20 +221,8 @@ def read_tsv(path: str, max_length: int = 2000
 
 
 def _check_data_config(data: Any) -> None:
-  keys = set(data.keys())
-  if keys != DATA_KEYS:
-    raise ValueError(f'config.data for listops must have exactly '
-                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
-                     f', missing {sorted(DATA_KEYS - keys)}.')
-  gkeys = set(data.generate.keys())
-  if gkeys != GENERATE_KEYS:
-    raise ValueError(f'config.data.generate must have exactly '
-                     f'{sorted(GENERATE_KEYS)}; unknown '
-                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
-                     f'{sorted(GENERATE_KEYS - gkeys)}.')
-  if data.pad_to_length and data.pad_to_length < data.max_length:
-    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
-                     f'below max_length={data.max_length}; use 0 for none.')
+  pipeline.check_data_keys('listops', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_length(data, data.max_length)
 
 
 def _generated_dir(config: Any, workdir: str) -> str:

@@ -341,30 +341,14 @@ def generate_dataset(root: str, *, resolution: int, difficulty: str,
 
 
 def _check_data_config(data: Any) -> None:
-  keys = set(data.keys())
-  if keys != DATA_KEYS:
-    raise ValueError(f'config.data for pathfinder must have exactly '
-                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
-                     f', missing {sorted(DATA_KEYS - keys)}.')
-  gkeys = set(data.generate.keys())
-  if gkeys != GENERATE_KEYS:
-    raise ValueError(f'config.data.generate must have exactly '
-                     f'{sorted(GENERATE_KEYS)}; unknown '
-                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
-                     f'{sorted(GENERATE_KEYS - gkeys)}.')
+  pipeline.check_data_keys('pathfinder', data, DATA_KEYS, GENERATE_KEYS)
   if data.resolution not in RESOLUTIONS:
     raise ValueError(f'config.data.resolution={data.resolution!r}; valid: '
                      f'{RESOLUTIONS}.')
   if data.difficulty not in DIFFICULTIES:
     raise ValueError(f'config.data.difficulty={data.difficulty!r}; valid: '
                      f'{sorted(DIFFICULTIES)}.')
-  if data.pad_to_length and data.pad_to_length < data.resolution ** 2:
-    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
-                     f'below the {data.resolution ** 2} pixels; use 0 for '
-                     'none.')
-  if data.shuffle not in pipeline.SHUFFLE_LEVELS:
-    raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
-                     f'{pipeline.SHUFFLE_LEVELS}.')
+  pipeline.check_length(data, data.resolution ** 2)
 
 
 def _generated_root(config: Any, workdir: str) -> str:

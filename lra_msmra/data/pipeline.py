@@ -288,6 +288,35 @@ def fidelity_notes(config: Any, shuffle: TrainShuffle) -> dict[str, Any]:
   }
 
 
+def _check_exact_keys(where: str, cfg: Any, expected: set[str]) -> None:
+  keys = set(cfg.keys())
+  if keys != expected:
+    raise ValueError(f'{where} must have exactly the keys {sorted(expected)}; '
+                     f'unknown {sorted(keys - expected)}, missing '
+                     f'{sorted(expected - keys)}.')
+
+
+def check_data_keys(task: str, data: Any, keys: set[str],
+                    generate_keys: set[str]) -> None:
+  """Checks the exact keys of `config.data` and `.generate`, and `shuffle`."""
+  _check_exact_keys(f'config.data for {task}', data, keys)
+  _check_exact_keys('config.data.generate', data.generate, generate_keys)
+  if 'shuffle' in keys and data.shuffle not in SHUFFLE_LEVELS:
+    raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
+                     f'{SHUFFLE_LEVELS}.')
+
+
+def check_length(data: Any, length: Any) -> None:
+  """Checks `length` (tokens per example) against `data.pad_to_length`."""
+  if not isinstance(length, int) or length < 1:
+    raise ValueError(f'config.data.max_length={length!r} must be a positive '
+                     'integer.')
+  if data.pad_to_length and data.pad_to_length < length:
+    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
+                     f'below the {length} tokens of an example; use 0 for '
+                     'none.')
+
+
 def pad_or_truncate(tokens: list[np.ndarray] | list[list[int]], length: int,
                     dtype: Any = np.int32) -> np.ndarray:
   """Stacks id sequences into `[n, length]`, truncating and zero-padding."""

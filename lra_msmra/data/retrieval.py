@@ -170,29 +170,11 @@ def generate_dataset(output_dir: str, *, num_train: int, num_valid: int,
 
 
 def _check_data_config(data: Any) -> None:
-  keys = set(data.keys())
-  if keys != DATA_KEYS:
-    raise ValueError(f'config.data for retrieval must have exactly '
-                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
-                     f', missing {sorted(DATA_KEYS - keys)}.')
-  gkeys = set(data.generate.keys())
-  if gkeys != GENERATE_KEYS:
-    raise ValueError(f'config.data.generate must have exactly '
-                     f'{sorted(GENERATE_KEYS)}; unknown '
-                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
-                     f'{sorted(GENERATE_KEYS - gkeys)}.')
-  if not isinstance(data.max_length, int) or data.max_length < 1:
-    raise ValueError(f'config.data.max_length={data.max_length!r} must be a '
-                     'positive integer.')
+  pipeline.check_data_keys('retrieval', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_length(data, data.max_length)
   if data.max_length > TEXT_CUT:
     raise ValueError(f'config.data.max_length={data.max_length} exceeds the '
                      f'{TEXT_CUT} bytes LRA keeps per text.')
-  if data.pad_to_length and data.pad_to_length < data.max_length:
-    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
-                     f'below max_length={data.max_length}; use 0 for none.')
-  if data.shuffle not in pipeline.SHUFFLE_LEVELS:
-    raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
-                     f'{pipeline.SHUFFLE_LEVELS}.')
 
 
 def _resolve_data_dir(data_dir: str) -> str:

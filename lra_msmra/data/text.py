@@ -55,26 +55,8 @@ _NEUTRAL = ('the', 'film', 'movie', 'plot', 'actors', 'a', 'and', 'was',
 
 
 def _check_data_config(data: Any) -> None:
-  keys = set(data.keys())
-  if keys != DATA_KEYS:
-    raise ValueError(f'config.data for text must have exactly '
-                     f'{sorted(DATA_KEYS)}; unknown {sorted(keys - DATA_KEYS)}'
-                     f', missing {sorted(DATA_KEYS - keys)}.')
-  gkeys = set(data.generate.keys())
-  if gkeys != GENERATE_KEYS:
-    raise ValueError(f'config.data.generate must have exactly '
-                     f'{sorted(GENERATE_KEYS)}; unknown '
-                     f'{sorted(gkeys - GENERATE_KEYS)}, missing '
-                     f'{sorted(GENERATE_KEYS - gkeys)}.')
-  if not isinstance(data.max_length, int) or data.max_length < 1:
-    raise ValueError(f'config.data.max_length={data.max_length!r} must be a '
-                     'positive integer.')
-  if data.pad_to_length and data.pad_to_length < data.max_length:
-    raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
-                     f'below max_length={data.max_length}; use 0 for none.')
-  if data.shuffle not in pipeline.SHUFFLE_LEVELS:
-    raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
-                     f'{pipeline.SHUFFLE_LEVELS}.')
+  pipeline.check_data_keys('text', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_length(data, data.max_length)
 
 
 def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
