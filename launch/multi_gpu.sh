@@ -30,7 +30,8 @@ Several hosts, explicit (set all three on every host):
   NUM_PROCESSES  number of hosts
   PROCESS_ID     this host's index, 0..NUM_PROCESSES-1
 Several hosts under SLURM:
-  SLURM=1        pass --distributed (one task per host: srun --ntasks-per-node=1)
+  SLURM=1        pass --distributed (one task per host:
+                 srun --ntasks-per-node=1)
 
 Options:
   --dry_run      print the command instead of running it
@@ -81,7 +82,8 @@ fail() { echo "launch/multi_gpu.sh: $*" >&2; exit 2; }
 [[ -n "${CONFIG:-}" ]] || fail 'set CONFIG, e.g. CONFIG=configs/listops/cst.py'
 [[ -n "${WORKDIR:-}" ]] || fail 'set WORKDIR, the run folder'
 cd "$(dirname "$0")/.."
-[[ -f "${CONFIG%%:*}" ]] || fail "CONFIG=$CONFIG: no file ${CONFIG%%:*} in $(pwd)"
+[[ -f "${CONFIG%%:*}" ]] \
+  || fail "CONFIG=$CONFIG: no file ${CONFIG%%:*} in $(pwd)"
 
 cmd=("${PYTHON:-python}" -m lra_msmra.main "--config=$CONFIG"
      "--workdir=$WORKDIR")
@@ -90,10 +92,12 @@ if [[ -n "${DATA_DIR:-}" ]]; then
 fi
 explicit="${COORDINATOR:-}${NUM_PROCESSES:-}${PROCESS_ID:-}"
 if [[ "${SLURM:-0}" == 1 ]]; then
-  [[ -z "$explicit" ]] || fail 'SLURM=1 and COORDINATOR/NUM_PROCESSES/PROCESS_ID exclude each other'
+  [[ -z "$explicit" ]] \
+    || fail 'SLURM=1 and COORDINATOR/NUM_PROCESSES/PROCESS_ID exclude each other'
   cmd+=(--distributed)
 elif [[ -n "$explicit" ]]; then
-  [[ -n "${COORDINATOR:-}" && -n "${NUM_PROCESSES:-}" && -n "${PROCESS_ID:-}" ]] \
+  [[ -n "${COORDINATOR:-}" && -n "${NUM_PROCESSES:-}" \
+     && -n "${PROCESS_ID:-}" ]] \
     || fail 'set all of COORDINATOR, NUM_PROCESSES and PROCESS_ID, or none'
   cmd+=("--coordinator_address=$COORDINATOR" "--num_processes=$NUM_PROCESSES"
         "--process_id=$PROCESS_ID")

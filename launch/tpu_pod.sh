@@ -17,8 +17,9 @@ Steps (in the order given):
   setup    copy the committed code (git archive HEAD) to every worker,
            install requirements.txt and jax[tpu], mount the bucket
   run      on every worker: python3 -m lra_msmra.main --config=$CONFIG \
-             --workdir=$MOUNT/$RUN_SUBDIR [--config.data_dir=$MOUNT/$DATA_SUBDIR] \
-             --distributed [MAIN_FLAGS...]
+             --workdir=$MOUNT/$RUN_SUBDIR \
+             [--config.data_dir=$MOUNT/$DATA_SUBDIR] --distributed \
+             [MAIN_FLAGS...]
   delete   gcloud compute tpus tpu-vm delete
   all      create setup run
 
@@ -140,16 +141,32 @@ step_setup() {
   do_cmd git archive --format=tar.gz -o "$ARCHIVE" HEAD
   do_cmd gcloud compute tpus tpu-vm scp "$ARCHIVE" "$TPU_NAME:$ARCHIVE" \
     "${where[@]}" --worker=all
-  on_all_workers "set -e; mkdir -p ~/lra_msmra; tar xzf $ARCHIVE -C ~/lra_msmra; cd ~/lra_msmra; python3 -m pip install -r requirements.txt -e .; python3 -m pip install 'jax[tpu]==$JAX_VERSION'"
+  local install="set -e; mkdir -p ~/lra_msmra"
+  install+="; tar xzf $ARCHIVE -C ~/lra_msmra; cd ~/lra_msmra"
+  install+="; python3 -m pip install -r requirements.txt -e ."
+  install+="; python3 -m pip install 'jax[tpu]==$JAX_VERSION'"
+  on_all_workers "$install"
   # gcsfuse from Google's apt repository; --rename-dir-limit lets orbax
   # finalise a checkpoint by renaming its temporary folder.
-  on_all_workers "set -e; if ! command -v gcsfuse >/dev/null; then curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg | sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null; echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt gcsfuse-\$(lsb_release -cs) main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list; sudo apt-get update; sudo apt-get install -y gcsfuse; fi; sudo mkdir -p $MOUNT; sudo chown \$USER $MOUNT; mountpoint -q $MOUNT || gcsfuse --implicit-dirs --rename-dir-limit=1000000 $bucket $MOUNT"
+  local keyring=/usr/share/keyrings/cloud.google.asc
+  local repo=https://packages.cloud.google.com/apt
+  local mount="set -e; if ! command -v gcsfuse >/dev/null; then"
+  mount+=" curl -fsSL $repo/doc/apt-key.gpg | sudo tee $keyring >/dev/null"
+  mount+="; echo \"deb [signed-by=$keyring] $repo gcsfuse-\$(lsb_release -cs)"
+  mount+=" main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list"
+  mount+="; sudo apt-get update; sudo apt-get install -y gcsfuse; fi"
+  mount+="; sudo mkdir -p $MOUNT; sudo chown \$USER $MOUNT"
+  mount+="; mountpoint -q $MOUNT"
+  mount+=" || gcsfuse --implicit-dirs --rename-dir-limit=1000000 $bucket $MOUNT"
+  on_all_workers "$mount"
 }
 
 step_run() {
   need_bucket
-  [[ -n "${CONFIG:-}" ]] || fail 'set CONFIG, e.g. CONFIG=configs/listops/cst.py'
-  [[ -f "${CONFIG%%:*}" ]] || fail "CONFIG=$CONFIG: no file ${CONFIG%%:*} in $(pwd)"
+  [[ -n "${CONFIG:-}" ]] \
+    || fail 'set CONFIG, e.g. CONFIG=configs/listops/cst.py'
+  [[ -f "${CONFIG%%:*}" ]] \
+    || fail "CONFIG=$CONFIG: no file ${CONFIG%%:*} in $(pwd)"
   local main=(python3 -m lra_msmra.main "--config=$CONFIG"
               "--workdir=$MOUNT/$RUN_SUBDIR")
   if [[ -n "${DATA_SUBDIR:-}" ]]; then
