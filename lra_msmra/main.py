@@ -18,6 +18,7 @@ Several hosts (every host runs the same command):
 """
 
 import sys
+from typing import Optional
 
 from absl import app
 from absl import flags
@@ -41,13 +42,41 @@ _PROCESS_ID = flags.DEFINE_integer('process_id', None,
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
+def check_distributed_flags(distributed: bool, coordinator: Optional[str],
+                            num_processes: Optional[int],
+                            process_id: Optional[int]) -> bool:
+  """Validates the multi-process flags; returns True if explicit ones are set.
+
+  Raises:
+    app.UsageError: naming the flag and the fix.
+  """
+  explicit = [coordinator, num_processes, process_id]
+  if all(v is None for v in explicit):
+    return False
+  if any(v is None for v in explicit):
+    raise app.UsageError('--coordinator_address, --num_processes and '
+                         '--process_id go together; give all three.')
+  if distributed:
+    raise app.UsageError(
+        '--distributed detects the cluster from the environment (TPU pods, '
+        'SLURM); it cannot be combined with --coordinator_address, '
+        '--num_processes and --process_id. Use one or the other.')
+  host, _, port = coordinator.rpartition(':')
+  if not host or not port.isdigit():
+    raise app.UsageError(f'--coordinator_address={coordinator!r} must be '
+                         'HOST:PORT of process 0, e.g. 10.0.0.2:1234.')
+  if num_processes < 1:
+    raise app.UsageError(f'--num_processes={num_processes} must be >= 1.')
+  if not 0 <= process_id < num_processes:
+    raise app.UsageError(f'--process_id={process_id} must be in 0..'
+                         f'{num_processes - 1} (one per process).')
+  return True
+
+
 def initialize_distributed() -> None:
   """Starts the JAX multi-process runtime if the flags ask for it."""
-  explicit = [_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value]
-  if any(v is not None for v in explicit):
-    if any(v is None for v in explicit):
-      raise app.UsageError('--coordinator_address, --num_processes and '
-                           '--process_id go together; give all three.')
+  if check_distributed_flags(_DISTRIBUTED.value, _COORDINATOR.value,
+                             _NUM_PROCESSES.value, _PROCESS_ID.value):
     import jax  # pylint: disable=g-import-not-at-top
     # Cross-process collectives on CPU hosts (GPUs and TPUs ignore this).
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')

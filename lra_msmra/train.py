@@ -19,7 +19,8 @@ Loop semantics (compare PROTOCOL §4.3):
   under the Xiong et al. and CST protocols (P17).
 * A non-finite loss or gradient norm stops the run with an error before any
   later checkpoint is written, so the last good checkpoint stays.
-* SIGTERM (preemption) saves a checkpoint at the current step and exits.
+* SIGTERM (preemption) saves a checkpoint at the current step and exits;
+  with several processes, at the first step all of them agree on.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from absl import logging
 import flax
 import flax.linen as nn
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -233,20 +235,36 @@ def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
 
 
 class _SigtermFlag:
-  """Sets a flag on SIGTERM (main thread only) instead of dying at once."""
+  """Tells every process to stop at the same step after SIGTERM.
+
+  One process: a Python handler sets a flag instead of dying at once (main
+  thread only). Several processes: the hosts may get SIGTERM at different
+  steps, and one that stops alone would leave the others waiting in the next
+  collective. JAX's preemption service (started by `jax.distributed`) catches
+  SIGTERM instead and agrees on one step for all hosts, so no Python handler
+  is installed there: it would hide the signal from that service.
+  """
 
   def __init__(self):
     self.raised = False
     self._previous = None
+    self._multiprocess = jax.process_count() > 1
 
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    if (not self._multiprocess and
+        threading.current_thread() is threading.main_thread()):
       self._previous = signal.signal(signal.SIGTERM, self._handle)
     return self
 
   def _handle(self, signum, frame):
     del signum, frame
     self.raised = True
+
+  def should_stop(self, step: int) -> bool:
+    """Whether to checkpoint and exit after `step`; call it at every step."""
+    if self._multiprocess:
+      self.raised = multihost_utils.reached_preemption_sync_point(step)
+    return self.raised
 
   def __exit__(self, *exc):
     if self._previous is not None:
@@ -385,10 +403,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         if len(pending.items) > 1:
           jax.block_until_ready(pending.items[-2][1])
         is_last = step == config.num_train_steps
+        stop = sigterm.should_stop(step)
         do_eval = step % config.eval_every_steps == 0 or is_last
         do_ckpt = step % config.checkpoint_every_steps == 0 or is_last
-        if step % config.log_every_steps == 0 or do_eval or do_ckpt or (
-            sigterm.raised):
+        if step % config.log_every_steps == 0 or do_eval or do_ckpt or stop:
           summary = pending.flush(last_saved, ckpt_dir)
           if step % config.log_every_steps == 0 or is_last:
             summary['steps_per_sec'] = progress.update(step, summary)
@@ -404,9 +422,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
             best = {'step': step, 'val_accuracy': last_val['accuracy'],
                     'val_loss': last_val['loss']}
             ckpt.save_best(step, state.params, best)
-        if do_ckpt or sigterm.raised:
+        if do_ckpt or stop:
           save(step)
-        if sigterm.raised and not is_last:
+        if stop and not is_last:
           ckpt.wait()
           metrics_lib.log(f'SIGTERM: saved step {step} in {ckpt_dir}; '
                           'rerun the same command to resume.')

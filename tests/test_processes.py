@@ -136,26 +136,71 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_train_like_one(tmp_path, reference):
+def _start_two_processes(workdir, logdir):
+  """Starts a 2-process run (2 devices each); returns (procs, log files)."""
   port = _free_port()
-  workdir = tmp_path / 'run'
   # Logs go to files: a full pipe would stall one process and, through the
   # collectives, both.
-  logs = [open(tmp_path / f'log{i}', 'w+') for i in range(2)]
+  logs = [open(logdir / f'log{i}', 'w+') for i in range(2)]
   procs = [subprocess.Popen(
       _cmd(workdir, STEPS, f'--coordinator_address=localhost:{port}',
            '--num_processes=2', f'--process_id={i}'),
       cwd=helpers.ROOT, env=_env(2), stdout=logs[i],
       stderr=subprocess.STDOUT, text=True) for i in range(2)]
-  for p in procs:
-    p.wait(timeout=300)
+  return procs, logs
+
+
+def _finish(procs, logs):
+  """Waits for both processes; returns their outputs."""
+  try:
+    for p in procs:
+      p.wait(timeout=300)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
   outs = []
   for log in logs:
     log.seek(0)
     outs.append(log.read())
     log.close()
+  return outs
+
+
+def test_two_processes_train_like_one(tmp_path, reference):
+  workdir = tmp_path / 'run'
+  procs, logs = _start_two_processes(workdir, tmp_path)
+  outs = _finish(procs, logs)
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
   assert '4 device(s)' in outs[0]
   assert 'Test accuracy' in outs[0] and 'Test accuracy' not in outs[1]
+  assert_same_run(workdir, reference, rtol=1e-5)
+
+
+def test_two_processes_stop_together_on_sigterm_at_different_steps(
+    tmp_path, reference):
+  """Hosts get the preemption signal at different steps, yet stop together.
+
+  A host that stopped alone would leave the other waiting in the next
+  collective; JAX's preemption service makes both save the same step.
+  """
+  workdir = tmp_path / 'run'
+  procs, logs = _start_two_processes(workdir, tmp_path)
+  try:
+    _wait_for_checkpoint(workdir, procs[0], 3)
+    procs[0].send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    procs[1].send_signal(signal.SIGTERM)
+  finally:
+    outs = _finish(procs, logs)
+  for p, out in zip(procs, outs):
+    assert p.returncode == 143, out[-3000:]
+  assert 'SIGTERM: saved step' in outs[0]
+  assert not os.path.exists(workdir / 'results.json')
+  procs, logs = _start_two_processes(workdir, tmp_path)
+  outs = _finish(procs, logs)
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+  assert 'Resumed from step' in outs[0]
   assert_same_run(workdir, reference, rtol=1e-5)

@@ -222,7 +222,34 @@ def read_tsv(path: str, max_length: int = 2000
 
 def _check_data_config(data: Any) -> None:
   pipeline.check_data_keys('listops', data, DATA_KEYS, GENERATE_KEYS)
+
+  def is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+  if not isinstance(data.task_name, str) or not data.task_name:
+    raise ValueError(f'config.data.task_name={data.task_name!r} must be the '
+                     "file prefix of the TSVs, e.g. 'basic'.")
   pipeline.check_length(data, data.max_length)
+  gen = data.generate
+  for key, low in (('num_train', 1), ('num_valid', 1), ('num_test', 1),
+                   ('min_length', 0), ('max_depth', 1), ('max_args', 2),
+                   ('seed', 0)):
+    if not is_int(gen[key]) or gen[key] < low:
+      raise ValueError(f'config.data.generate.{key}={gen[key]!r} must be an '
+                       f'integer >= {low}.')
+  if not is_int(gen.max_length) or gen.max_length <= gen.min_length + 1:
+    raise ValueError(
+        f'config.data.generate.max_length={gen.max_length!r} must be an '
+        f'integer above min_length + 1 = {gen.min_length + 1} (both bounds '
+        'are exclusive).')
+  # Generated expressions have at most generate.max_length - 1 tokens; the
+  # reader rejects any longer than data.max_length.
+  if gen.max_length - 1 > data.max_length:
+    raise ValueError(
+        f'config.data.generate.max_length={gen.max_length} allows '
+        f'expressions of {gen.max_length - 1} tokens, more than '
+        f'config.data.max_length={data.max_length}; lower the first or raise '
+        'the second.')
 
 
 def _generated_dir(config: Any, workdir: str) -> str:

@@ -308,9 +308,13 @@ def check_data_keys(task: str, data: Any, keys: set[str],
 
 def check_length(data: Any, length: Any) -> None:
   """Checks `length` (tokens per example) against `data.pad_to_length`."""
-  if not isinstance(length, int) or length < 1:
+  if not isinstance(length, int) or isinstance(length, bool) or length < 1:
     raise ValueError(f'config.data.max_length={length!r} must be a positive '
                      'integer.')
+  pad = data.pad_to_length
+  if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
+    raise ValueError(f'config.data.pad_to_length={pad!r} must be a '
+                     'non-negative integer (0 = no extra padding).')
   if data.pad_to_length and data.pad_to_length < length:
     raise ValueError(f'config.data.pad_to_length={data.pad_to_length} is '
                      f'below the {length} tokens of an example; use 0 for '
