@@ -317,7 +317,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                  'length': length}
           check = checks.get(spec.label)
           key = (backend, mode)
-          predicted = common.predict_bytes(history.get(key, []), length)
+          # The JAX points of this length run first: their growth guides
+          # the PyTorch prediction when PyTorch has a single shorter point.
+          hint = common.growth_exponent(history.get(('jax', mode), []))
+          predicted = common.predict_bytes(history.get(key, []), length,
+                                           hint if backend == 'torch'
+                                           else None)
           if backend == 'torch' and check and check['status'] != 'ok':
             rec.update(status='unsupported' if check['status'] ==
                        'unsupported' else 'skipped',

@@ -276,23 +276,33 @@ class PeakMemory:
             'peak_bytes': self.peak, 'net_peak_bytes': net}
 
 
-def predict_bytes(history: Sequence[tuple[int, float]], length: int
-                  ) -> Optional[float]:
+def growth_exponent(history: Sequence[tuple[int, float]]
+                    ) -> Optional[float]:
+  """Power-law exponent of the last two (length, bytes) points, or None."""
+  points = sorted((n, b) for n, b in history if b)
+  if len(points) < 2:
+    return None
+  (n0, b0), (n1, b1) = points[-2:]
+  if n1 <= n0:
+    return None
+  return min(max(math.log(b1 / b0) / math.log(n1 / n0), 1.0), 2.5)
+
+
+def predict_bytes(history: Sequence[tuple[int, float]], length: int,
+                  exponent_hint: Optional[float] = None) -> Optional[float]:
   """Predicts a peak at `length` from (length, bytes) points of shorter ones.
 
-  A power law through the last two points (exponent clipped to [1, 2.5]),
-  exponent 2 through a single point, None without points.
+  A power law through the last two points (exponent clipped to [1, 2.5]).
+  Through a single point the exponent is `exponent_hint` (e.g. the growth
+  the same mechanism showed on another backend) or 2. None without points.
   """
   points = sorted((n, b) for n, b in history if b and n < length)
   if not points:
     return None
   n1, b1 = points[-1]
-  exponent = 2.0
-  if len(points) >= 2:
-    n0, b0 = points[-2]
-    if b0 > 0 and n1 > n0:
-      exponent = math.log(b1 / b0) / math.log(n1 / n0)
-    exponent = min(max(exponent, 1.0), 2.5)
+  exponent = growth_exponent(points)
+  if exponent is None:
+    exponent = 2.0 if exponent_hint is None else exponent_hint
   return b1 * (length / n1) ** exponent
 
 
@@ -467,6 +477,8 @@ def fmt_time(seconds: Optional[float]) -> str:
 def fmt_flops(flops: Optional[float]) -> str:
   if flops is None:
     return '—'
+  if flops >= 1e12:
+    return f'{flops / 1e12:.3g} TFLOP'
   if flops >= 1e9:
     return f'{flops / 1e9:.3g} GFLOP'
   return f'{flops / 1e6:.3g} MFLOP'

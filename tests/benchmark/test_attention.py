@@ -95,6 +95,9 @@ def test_predict_bytes():
   hist = [(1024, 1.0e9), (2048, 4.0e9)]
   assert common.predict_bytes(hist, 4096) == pytest.approx(16e9)
   assert common.predict_bytes(hist[:1], 4096) == pytest.approx(16e9)
+  # A single point follows a hint (e.g. another backend's growth).
+  assert common.predict_bytes(hist[:1], 4096, 1.0) == pytest.approx(4e9)
+  assert common.growth_exponent(hist) == pytest.approx(2.0)
   # Sub-linear growth is clipped to linear.
   assert common.predict_bytes([(1, 1.0), (2, 1.0)], 8) == pytest.approx(4.0)
 
