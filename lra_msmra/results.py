@@ -28,8 +28,9 @@ speed is the geometric mean over tasks of each run's `train_steps_per_sec`
 relative to softmax's under the same protocol, and all circles have one
 size (memory unknown). Averages over fewer than five tasks are marked.
 
-Outputs in `--out`: `results.md` (also printed), `results.json` (the
-aggregated rows) and `results_bubble.png`.
+Outputs in `--out`: `results.md` (also printed), `results_table.json` (the
+aggregated rows; not named results.json, so that an output folder inside
+the runs' folder is never read back as a run) and `results_bubble.png`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from lra_msmra import published
 TASKS = published.TASKS
 AVERAGE_TASKS = published.AVERAGE_TASKS
 RESULTS_FILE = 'results.json'
+TABLE_FILE = 'results_table.json'
 
 
 def find_results(paths: Iterable[str]) -> list[str]:
@@ -349,11 +351,11 @@ def main(argv: Sequence[str]) -> None:
                         bench, args.bubble_length)
   with open(os.path.join(args.out, 'results.md'), 'w') as f:
     f.write(text + '\n')
-  with open(os.path.join(args.out, 'results.json'), 'w') as f:
+  with open(os.path.join(args.out, TABLE_FILE), 'w') as f:
     json.dump({'runs': paths, 'rows': rows, 'bubbles': points}, f, indent=2)
     f.write('\n')
   print(text)
-  print(f'\nWrote results.md, results.json and results_bubble.png to '
+  print(f'\nWrote results.md, {TABLE_FILE} and results_bubble.png to '
         f'{args.out} ({len(paths)} runs).')
 
 

@@ -88,13 +88,19 @@ def test_results_command(runs_dir, tmp_path):
   # Full five-task average for AdaMRA, partial ones marked.
   assert '| 62.60 |' in text
   assert '(2/5 tasks)' in text
-  data = json.loads((out / 'results.json').read_text())
+  data = json.loads((out / 'results_table.json').read_text())
   assert len(data['runs']) == 10
   bubbles = {b['label']: b for b in data['bubbles']}
   assert bubbles['adamra']['relative_speed'] == pytest.approx(6.0)
   assert bubbles['adamra']['memory_bytes'] == pytest.approx(3e8)
   png = (out / 'results_bubble.png').read_bytes()
   assert png[:4] == b'\x89PNG'
+  # An output folder inside the runs' folder is not read back as a run.
+  again = runs_dir / 'summary'
+  results.main(['results', '--runs', str(runs_dir), '--out', str(again)])
+  results.main(['results', '--runs', str(runs_dir), '--out', str(again)])
+  assert len(json.loads((again / 'results_table.json').read_text())[
+      'runs']) == 10
 
 
 def test_bubble_speed_from_runs_without_benchmark(runs_dir, tmp_path):
