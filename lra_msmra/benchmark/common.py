@@ -19,9 +19,10 @@ Measuring choices (the benchmarks' docstrings refer to these):
   `peak_bytes_in_use` minus `bytes_in_use` before the run is used instead.
 * Points that would not fit are skipped, not crashed: before a point runs,
   its peak is predicted from the two previous lengths of the same mechanism
-  (a power law in the length, exponent clipped to [1, 2.5]; exponent 2 from a
-  single point), and a point predicted above the memory budget is recorded
-  as skipped, as are longer lengths after it. A watchdog also kills a worker
+  (a power law in the length, exponent clipped to [1, 2.5]; from a single
+  point, the exponent a hint gives, e.g. the same mechanism's growth on
+  another backend, else 2), and a point predicted above the memory budget
+  is recorded as skipped, as are longer lengths after it. A watchdog also kills a worker
   whose resident memory passes the budget or whose run passes the time
   limit, and records the point as skipped with the reason.
 """
