@@ -313,7 +313,7 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
   if points:
     xs = [p['relative_speed'] for p in points]
     ys = [p['average'] for p in points]
-    ax.set_xlim(min(xs) * 0.7, max(xs) * 1.3)
+    ax.set_xlim(0, max(xs) * 1.25)
     ax.set_ylim(min(ys) - 3, max(ys) + 3)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
