@@ -1,20 +1,19 @@
 """Running one attention layer on its own, as the encoder would.
 
-`AttentionHarness` builds a registered mechanism with the contract's fields,
-creates its model-level shared module (if it has one) exactly as the encoder
-does, and calls the layer. Tests use it to reach any mechanism by name.
+`AttentionHarness` (`lra_msmra.attention.standalone.StandaloneAttention`)
+builds a registered mechanism with the contract's fields, creates its
+model-level shared module (if it has one) exactly as the encoder does, and
+calls the layer. Tests use it to reach any mechanism by name.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-import flax.linen as nn
-from flax.core import FrozenDict
 import jax
-import jax.numpy as jnp
 
 from lra_msmra import attention
+from lra_msmra.attention import standalone
 
 # Registry entry -> list of (id, knobs) that the contract tests exercise.
 # A new mechanism adds its line here.
@@ -47,31 +46,8 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
 }
 
 
-class AttentionHarness(nn.Module):
-  """One attention layer plus its shared module, called like the encoder."""
-  mechanism: str
-  kw: Mapping[str, Any] = FrozenDict()
-  num_heads: int = 4
-  qkv_features: int = 32
-  out_features: int | None = None
-  dropout_rate: float = 0.0
-  causal: bool = False
-  dtype: Any = jnp.float32
-  max_len: int = 64
-
-  @nn.compact
-  def __call__(self, x, *, padding_mask=None, deterministic=True):
-    cls = attention.get_attention(self.mechanism)
-    shared_module = cls.shared_module(dict(self.kw), features=x.shape[-1],
-                                      max_len=self.max_len,
-                                      name='attention_shared')
-    call_kw = {} if shared_module is None else {'shared': shared_module()}
-    layer = cls(num_heads=self.num_heads, qkv_features=self.qkv_features,
-                out_features=self.out_features,
-                dropout_rate=self.dropout_rate, causal=self.causal,
-                dtype=self.dtype, name='attention', **dict(self.kw))
-    return layer(x, padding_mask=padding_mask, deterministic=deterministic,
-                 **call_kw)
+# The encoder's way of building one layer, shared with the benchmarks.
+AttentionHarness = standalone.StandaloneAttention
 
 
 def all_cases():

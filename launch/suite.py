@@ -1,0 +1,125 @@
+r"""Runs mechanisms x tasks x seeds under one protocol, then the results table.
+
+  python launch/suite.py --protocol lra \
+      --mechanisms softmax,cst,long_short,adamra,combiner_fixed \
+      --tasks listops,text,retrieval,image,pathfinder --seeds 0,1,2 \
+      --root /tmp/lra_suite [--data_dir /data/lra_release] [--dry_run]
+
+Every run is the main command, unchanged:
+
+  python -m lra_msmra.main --config configs/<task>/<config>.py[:<options>] \
+      --workdir <root>/<protocol>/<task>/<config>/seed<k> --config.seed=<k>
+
+* `--mechanisms` are config names of each task folder (`softmax` stands for
+  `transformer.py` and `combiner` for `combiner_fixed.py`); every
+  (task, mechanism) config must exist, which is checked before anything runs.
+* `--protocol` is `lra` (no option), `xiong` or `cst` (the config option of
+  that name); `--options` adds more (e.g. `runlocal` for a quick CPU pass).
+* `--data_dir` is passed as `--config.data_dir` when given; `--override`
+  passes any further `--config.key=value` (repeatable).
+* Runs go one after another; re-running the suite resumes unfinished runs
+  (the trainer resumes from its checkpoints) and skips finished ones (those
+  with a results.json). `--distributed` is passed to every run on a TPU pod
+  or SLURM cluster, where every host runs this same command.
+* At the end `python -m lra_msmra.results --runs <root>/<protocol> --out
+  <root>/<protocol>/summary` writes the table and the bubble chart
+  (`--benchmark` forwards a train_step.json for the chart's speed/memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from typing import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
+PROTOCOLS = ('lra', 'xiong', 'cst')
+
+
+def _split(text: str) -> list[str]:
+  return [t.strip() for t in text.split(',') if t.strip()]
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+  """(workdir, command) of every run; raises if a config is missing."""
+  options = ([] if args.protocol == 'lra' else [args.protocol]) + _split(
+      args.options)
+  suffix = (':' + ','.join(options)) if options else ''
+  runs, missing = [], []
+  for task in _split(args.tasks):
+    for mech in _split(args.mechanisms):
+      stem = CONFIG_ALIASES.get(mech, mech)
+      config = os.path.join('configs', task, stem + '.py')
+      if not os.path.exists(os.path.join(ROOT, config)):
+        missing.append(config)
+        continue
+      for seed in _split(args.seeds):
+        workdir = os.path.join(args.root, args.protocol, task, stem,
+                               f'seed{int(seed)}')
+        cmd = [sys.executable, '-m', 'lra_msmra.main',
+               '--config', config + suffix, '--workdir', workdir,
+               f'--config.seed={int(seed)}']
+        if args.data_dir:
+          cmd.append(f'--config.data_dir={args.data_dir}')
+        cmd += [f'--config.{o}' for o in args.override]
+        if args.distributed:
+          cmd.append('--distributed')
+        runs.append((workdir, cmd))
+  if missing:
+    raise SystemExit(f'Missing config files {missing}: check --tasks and '
+                     '--mechanisms (names of files in configs/<task>/).')
+  return runs
+
+
+def main(argv: Sequence[str]) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  p.add_argument('--protocol', default='lra', choices=PROTOCOLS)
+  p.add_argument('--mechanisms',
+                 default='softmax,cst,long_short,adamra,combiner_fixed')
+  p.add_argument('--tasks', default='listops,text,retrieval,image,pathfinder')
+  p.add_argument('--seeds', default='0')
+  p.add_argument('--root', required=True, help='folder for all workdirs')
+  p.add_argument('--options', default='',
+                 help='extra config options, e.g. runlocal')
+  p.add_argument('--data_dir', default='')
+  p.add_argument('--override', action='append', default=[],
+                 help='key=value passed as --config.key=value (repeatable)')
+  p.add_argument('--distributed', action='store_true')
+  p.add_argument('--benchmark', default='',
+                 help='train_step.json for the bubble chart')
+  p.add_argument('--dry_run', action='store_true',
+                 help='print the commands without running them')
+  args = p.parse_args(argv)
+  runs = plan(args)
+  failed = []
+  for workdir, cmd in runs:
+    line = ' '.join(shlex.quote(c) for c in cmd)
+    if os.path.exists(os.path.join(workdir, 'results.json')):
+      print(f'done already: {workdir}', flush=True)
+      continue
+    print(line, flush=True)
+    if args.dry_run:
+      continue
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+      failed.append(workdir)
+  summary = [sys.executable, '-m', 'lra_msmra.results', '--runs',
+             os.path.join(args.root, args.protocol), '--out',
+             os.path.join(args.root, args.protocol, 'summary')]
+  if args.benchmark:
+    summary += ['--benchmark', args.benchmark]
+  print(' '.join(shlex.quote(c) for c in summary), flush=True)
+  if not args.dry_run:
+    if subprocess.run(summary, cwd=ROOT).returncode != 0:
+      failed.append('results table')
+  if failed:
+    print(f'Failed: {failed}', file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,192 @@
+"""Published LRA accuracies, for the results table (`lra_msmra.results`).
+
+Every row carries its source and the protocol it was measured under, because
+the papers used three protocols whose numbers are not comparable
+(PROTOCOL §9, ATTENTIONS §5):
+
+* `'lra'`: the official LRA JAX code and configs (Tay et al.): the LRA
+  leaderboard and the Combiner paper.
+* `'xiong'`: the PyTorch protocol of Xiong et al. (Nyströmformer), followed
+  by AdaMRA and, except for Retrieval warm-up, by Transformer-LS.
+* `'cst'`: the CST paper's re-tuned PyTorch port.
+
+Accuracies are test accuracies in %. `avg` is the average the source
+printed (the mean of the five tasks without Path-X; Transformer-LS prints
+the mean of its three tasks). Task keys are the config task names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
+# The LRA average is over these five (PROTOCOL §10.1).
+AVERAGE_TASKS = TASKS[:5]
+TASK_TITLES = {'listops': 'ListOps', 'text': 'Text',
+               'retrieval': 'Retrieval', 'image': 'Image',
+               'pathfinder': 'Pathfinder', 'pathx': 'Path-X'}
+PROTOCOL_TITLES = {'lra': 'LRA official', 'xiong': 'Xiong et al.',
+                   'cst': 'CST paper'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One published row.
+
+  Attributes:
+    model: the model's name in the source.
+    scores: task -> test accuracy in %; absent = not reported.
+    avg: the average printed by the source.
+    source: where the numbers come from.
+    protocol: 'lra', 'xiong' or 'cst'.
+    mechanism: our registry name for the same attention, if we have it.
+    note: caveats (e.g. a different Pathfinder split).
+    pathx: what the source prints for Path-X when not a number ('FAIL' =
+      no better than chance, 'NA' = not run).
+  """
+  model: str
+  scores: Mapping[str, float]
+  avg: Optional[float]
+  source: str
+  protocol: str
+  mechanism: Optional[str] = None
+  note: str = ''
+  pathx: str = ''
+
+
+def _row(model, values, avg, source, protocol, mechanism=None, note='',
+         tasks=AVERAGE_TASKS, pathx=''):
+  return Row(model, dict(zip(tasks, values)), avg, source, protocol,
+             mechanism, note, pathx)
+
+
+_LRA = 'LRA leaderboard, README as of 8 Nov 2020 (PROTOCOL §10.1)'
+_LRA_EXT = _LRA + ', external entry'
+
+LRA_LEADERBOARD = (
+    _row('Local Attention', (15.82, 52.98, 53.39, 41.46, 66.63), 46.06,
+         _LRA, 'lra', pathx='FAIL'),
+    _row('Linear Transformer', (16.13, 65.90, 53.09, 42.34, 75.30), 50.55,
+         _LRA, 'lra', pathx='FAIL'),
+    _row('Reformer', (37.27, 56.10, 53.40, 38.07, 68.50), 50.67, _LRA, 'lra',
+         pathx='FAIL'),
+    _row('Sparse Transformer', (17.07, 63.58, 59.59, 44.24, 71.71), 51.24,
+         _LRA, 'lra', pathx='FAIL'),
+    _row('Sinkhorn Transformer', (33.67, 61.20, 53.83, 41.23, 67.45), 51.29,
+         _LRA, 'lra', pathx='FAIL', note='The printed average differs from the '
+         'mean of the printed scores (51.48).'),
+    _row('Linformer', (35.70, 53.94, 52.27, 38.56, 76.34), 51.36, _LRA,
+         'lra', pathx='FAIL'),
+    _row('Performer', (18.01, 65.40, 53.82, 42.77, 77.05), 51.41, _LRA,
+         'lra', pathx='FAIL'),
+    _row('Synthesizer', (36.99, 61.68, 54.67, 41.61, 69.45), 52.88, _LRA,
+         'lra', pathx='FAIL'),
+    _row('Longformer', (35.63, 62.85, 56.89, 42.22, 69.71), 53.46, _LRA,
+         'lra', pathx='FAIL'),
+    _row('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40), 54.39, _LRA,
+         'lra', 'softmax', pathx='FAIL'),
+    _row('BigBird', (36.05, 64.02, 59.29, 40.83, 74.87), 55.01, _LRA, 'lra',
+         pathx='FAIL'),
+    _row('IGLOO', (39.23, 82.0, 75.5, 47.0, 67.50), 62.25, _LRA_EXT, 'lra',
+         pathx='NA'),
+    _row('TLB', (37.05, 81.88, 76.91, 57.51, 79.06), 66.48, _LRA_EXT, 'lra',
+         pathx='FAIL'),
+)
+
+_COMBINER = 'Combiner paper, Table 5 (ATTENTIONS §7.4)'
+_INTER = ('Pathfinder re-run on pathfinder32_inter for every model; the '
+          'other baselines are copied from Tay et al.')
+COMBINER_PAPER = (
+    _row('Transformer', (36.38, 64.27, 57.46, 42.44, 88.81), 57.87,
+         _COMBINER, 'lra', 'softmax', _INTER),
+    _row('Combiner-Fixed', (36.65, 64.99, 59.81, 41.67, 88.59), 58.34,
+         _COMBINER, 'lra', 'combiner', _INTER + ' Variant: fixed.'),
+    _row('Combiner-Axial', (36.15, 64.36, 56.10, 41.33, 88.43), 57.27,
+         _COMBINER, 'lra', 'combiner', _INTER + ' Variant: axial.'),
+)
+
+_XIONG = ('Nyströmformer paper Table 3, as re-quoted in the AdaMRA paper '
+          '(PROTOCOL §8.4)')
+XIONG = (
+    _row('Transformer', (37.10, 65.02, 79.35, 38.20, 74.16), 58.77, _XIONG,
+         'xiong', 'softmax'),
+    _row('Reformer (2 hashes)', (19.05, 64.88, 78.64, 43.29, 69.36), 55.04,
+         _XIONG, 'xiong'),
+    _row('Linformer (k=256)', (37.25, 55.91, 79.37, 37.84, 67.60), 55.59,
+         _XIONG, 'xiong'),
+    _row('Performer (r=256)', (18.80, 63.81, 78.62, 37.07, 69.87), 53.63,
+         _XIONG, 'xiong'),
+    _row('Nyströmformer (64 landmarks)', (37.15, 65.52, 79.56, 41.58, 70.94),
+         58.95, _XIONG, 'xiong'),
+)
+
+_ADAMRA = 'AdaMRA paper, Table 1 (ATTENTIONS §7.3)'
+ADAMRA_PAPER = (
+    _row('AdaMRA', (40.40, 68.44, 84.83, 46.00, 75.77), 63.09, _ADAMRA,
+         'xiong', 'adamra', 'Rates (1/2, 1/8, 1/32).'),
+    _row('BigBird (AdaMRA re-run)', (38.55, 63.90, 81.50, 38.30, 74.89),
+         59.43, _ADAMRA, 'xiong'),
+    _row('Linear Transformer (AdaMRA re-run)',
+         (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong'),
+)
+
+_LS = 'Transformer-LS paper, Table 1, mean of 4 seeds (ATTENTIONS §7.2)'
+_LS_NOTE = ('Three tasks only (Image/Pathfinder are in the unavailable '
+            'appendix); avg over those three; Retrieval used more warm-up '
+            'steps than Xiong et al.')
+_LS_TASKS = ('listops', 'text', 'retrieval')
+LONG_SHORT_PAPER = (
+    _row('Full attention (LS paper)', (37.13, 65.35, 82.30), 61.59, _LS,
+         'xiong', 'softmax', _LS_NOTE, _LS_TASKS),
+    _row('Transformer-LS (w, r = 8, 32)', (37.50, 66.01, 81.79), 61.77, _LS,
+         'xiong', 'long_short', _LS_NOTE, _LS_TASKS),
+    _row('Transformer-LS (best)', (38.36, 68.40, 81.95), 62.90, _LS,
+         'xiong', 'long_short', _LS_NOTE + ' Per-task best (w, r).',
+         _LS_TASKS),
+)
+
+_CST = 'CST paper, Table 1 (ATTENTIONS §7.1)'
+CST_PAPER = (
+    _row('Transformer (CST paper)', (39.92, 64.20, 82.11, 44.25, 74.79),
+         61.05, _CST, 'cst', 'softmax'),
+    _row('Long-Short Transformer (CST re-run)',
+         (38.86, 64.93, 83.88, 47.45, 75.28), 62.08, _CST, 'cst',
+         'long_short'),
+    _row('Nyströmformer (CST re-run)', (37.50, 65.01, 80.42, 51.13, 69.73),
+         60.76, _CST, 'cst'),
+    _row('Performer (CST re-run)', (37.25, 64.65, 81.69, 41.73, 72.91),
+         59.65, _CST, 'cst'),
+    _row('CST (L = 8)', (37.45, 77.23, 84.15, 51.27, 76.32), 65.28, _CST,
+         'cst', 'cst', 'slice_length=8'),
+    _row('CST (L = 16)', (37.90, 73.60, 84.00, 51.39, 76.97), 64.77, _CST,
+         'cst', 'cst', 'slice_length=16'),
+)
+
+ALL_ROWS = (LRA_LEADERBOARD + COMBINER_PAPER + XIONG + ADAMRA_PAPER
+            + LONG_SHORT_PAPER + CST_PAPER)
+
+
+def rows_for_protocol(protocol: str) -> list[Row]:
+  """Every published row measured under `protocol`."""
+  return [r for r in ALL_ROWS if r.protocol == protocol]
+
+
+def reference_rows(protocol: str, mechanisms: set[str]) -> list[Row]:
+  """Rows to print beside our runs of `protocol`.
+
+  The protocol's baseline table (LRA leaderboard, Xiong et al., or the CST
+  paper's own Transformer) plus every paper row of a mechanism we ran under
+  that protocol.
+  """
+  base = {'lra': LRA_LEADERBOARD, 'xiong': XIONG,
+          'cst': CST_PAPER}.get(protocol, ())
+  rows = [r for r in base if r.mechanism in (None, 'softmax')]
+  ours = [r for r in rows_for_protocol(protocol)
+          if r.mechanism in mechanisms - {'softmax'}]
+  # With a paper's mechanism rows comes that paper's own baseline.
+  sources = {r.source for r in ours}
+  rows += [r for r in rows_for_protocol(protocol)
+           if r not in rows and (r in ours or (
+               r.source in sources and r.mechanism == 'softmax'))]
+  return rows

@@ -1,0 +1,127 @@
+"""Attention benchmark: a small end-to-end run, spec parsing, FLOP counts."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from lra_msmra.benchmark import attention
+from lra_msmra.benchmark import common
+from lra_msmra.benchmark import flops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+MECHANISMS = ['softmax', 'cst:slice_length=4']
+LENGTHS = [16, 32]
+
+
+@pytest.fixture(scope='module')
+def bench_dir(tmp_path_factory):
+  out = tmp_path_factory.mktemp('attention')
+  cmd = [sys.executable, '-m', 'lra_msmra.benchmark.attention',
+         '--mechanisms', ','.join(MECHANISMS),
+         '--lengths', ','.join(map(str, LENGTHS)), '--batch', '1',
+         '--features', '16', '--heads', '2', '--repeats', '2',
+         '--torch', 'off', '--memory_budget_gb', '8', '--out', str(out)]
+  # Workers are separate processes: fast compiles through the environment.
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='1')
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=600, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return out
+
+
+def test_outputs_cover_every_mechanism_and_length(bench_dir):
+  with open(bench_dir / 'attention.json') as f:
+    report = json.load(f)
+  assert report['settings']['mechanisms'] == MECHANISMS
+  assert report['settings']['lengths'] == LENGTHS
+  seen = {(r['mechanism'], r['mode'], r['length']): r
+          for r in report['records']}
+  for m in MECHANISMS:
+    for n in LENGTHS:
+      for mode in attention.MODES:
+        rec = seen[(m, mode, n)]
+        assert rec['status'] == 'ok', rec
+        assert rec['time_s'] > 0 and rec['compile_s'] > 0
+        assert rec['flops'] > 0
+        assert rec['net_peak_bytes'] is not None
+  # Forward+backward costs more matmul FLOPs than the forward pass.
+  for m in MECHANISMS:
+    assert (seen[(m, 'fwd_bwd', 32)]['flops']
+            > 2 * seen[(m, 'fwd', 32)]['flops'])
+  assert report['environment']['versions']['jax']
+  text = (bench_dir / 'attention.md').read_text()
+  assert report['command'] in text
+  for m in MECHANISMS:
+    assert f'`{m}`' in text
+  for n in LENGTHS:
+    assert f'| {n} |' in text or f'| {n}' in text
+  assert 'PyTorch comparison turned off' in text
+  for name in ('attention_time.png', 'attention_memory.png'):
+    data = (bench_dir / name).read_bytes()
+    assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 1000
+
+
+def test_parse_specs():
+  specs = common.parse_specs(
+      'softmax,cst:slice_length=8,alpha=1,adamra:compression_rates=(1/2,1/8)'
+      ',combiner:variant=fixed')
+  assert [s.name for s in specs] == ['softmax', 'cst', 'adamra', 'combiner']
+  assert specs[1].kw == {'slice_length': 8, 'alpha': 1}
+  assert specs[2].kw == {'compression_rates': (0.5, 0.125)}
+  assert specs[3].kw == {'variant': 'fixed'}
+  assert common.parse_specs(specs[1].label)[0] == specs[1]
+  with pytest.raises(ValueError, match='before any mechanism'):
+    common.parse_specs('alpha=1')
+  with pytest.raises(ValueError, match='twice'):
+    common.parse_specs('softmax,softmax')
+  assert common.parse_lengths('2K,1024,16') == [16, 1024, 2048]
+
+
+def test_unknown_mechanism_is_rejected(capsys):
+  with pytest.raises(SystemExit):
+    attention.parse_args(['--mechanisms', 'nope', '--out', 'x'])
+  assert 'unknown mechanism' in capsys.readouterr().err
+
+
+def test_predict_bytes():
+  assert common.predict_bytes([], 4096) is None
+  # Quadratic history extrapolates quadratically; one point assumes N^2.
+  hist = [(1024, 1.0e9), (2048, 4.0e9)]
+  assert common.predict_bytes(hist, 4096) == pytest.approx(16e9)
+  assert common.predict_bytes(hist[:1], 4096) == pytest.approx(16e9)
+  # A single point follows a hint (e.g. another backend's growth).
+  assert common.predict_bytes(hist[:1], 4096, 1.0) == pytest.approx(4e9)
+  assert common.growth_exponent(hist) == pytest.approx(2.0)
+  # Sub-linear growth is clipped to linear.
+  assert common.predict_bytes([(1, 1.0), (2, 1.0)], 8) == pytest.approx(4.0)
+
+
+def test_matmul_flops_of_softmax_attention():
+  b, n, d_model, h = 2, 8, 16, 4
+
+  def attn(x, wq, wk, wv, wo):
+    q = jnp.einsum('bnf,fhd->bnhd', x, wq)
+    k = jnp.einsum('bnf,fhd->bnhd', x, wk)
+    v = jnp.einsum('bnf,fhd->bnhd', x, wv)
+    p = jax.nn.softmax(jnp.einsum('bqhd,bkhd->bhqk', q, k))
+    y = jnp.einsum('bhqk,bkhd->bqhd', p, v)
+    return jnp.einsum('bqhd,hdf->bqf', y, wo)
+
+  x = jnp.ones((b, n, d_model))
+  w = jnp.ones((d_model, h, d_model // h))
+  wo = jnp.ones((h, d_model // h, d_model))
+  counted = flops.matmul_flops(jax.jit(attn), x, w, w, w, wo)
+  # 4 projections of N x D x D and two N x N x D products, 2 FLOPs a MAC.
+  assert counted['flops'] == 2 * b * (4 * n * d_model ** 2
+                                      + 2 * n * n * d_model)
+  # scan bodies count once per step.
+  def scanned(x):
+    return jax.lax.scan(lambda c, _: (c @ c, None), x, None, length=3)[0]
+  m = jnp.ones((4, 4))
+  assert flops.matmul_flops(scanned, m)['flops'] == 3 * 2 * 4 ** 3

@@ -1,0 +1,66 @@
+"""Training-step benchmark: a small end-to-end run and config resolution."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lra_msmra.benchmark import train_step
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+MECHANISMS = ['softmax', 'cst:slice_length=4']
+LENGTHS = [16, 32]
+
+
+@pytest.fixture(scope='module')
+def bench_dir(tmp_path_factory):
+  out = tmp_path_factory.mktemp('train_step')
+  cmd = [sys.executable, '-m', 'lra_msmra.benchmark.train_step',
+         '--mechanisms', ','.join(MECHANISMS),
+         '--lengths', ','.join(map(str, LENGTHS)), '--options', 'runlocal',
+         '--batch', '2', '--repeats', '2', '--memory_budget_gb', '8',
+         '--out', str(out)]
+  # Workers are separate processes: fast compiles through the environment.
+  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='1')
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=600, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return out
+
+
+def test_outputs_cover_every_mechanism_and_length(bench_dir):
+  with open(bench_dir / 'train_step.json') as f:
+    report = json.load(f)
+  seen = {(r['mechanism'], r['length']): r for r in report['records']}
+  assert set(seen) == {(m, n) for m in MECHANISMS for n in LENGTHS}
+  for (m, n), rec in seen.items():
+    assert rec['status'] == 'ok', rec
+    assert rec['steps_per_s'] > 0 and rec['flops'] > 0
+    assert rec['config'] == os.path.join(
+        'configs', 'text', 'transformer.py' if m == 'softmax' else 'cst.py')
+    # The Text config pools on a CLS token: the model sees N + 1 tokens.
+    assert rec['model_length'] == n + 1
+  assert seen[('cst:slice_length=4', 16)]['attention_kw']['slice_length'] == 4
+  assert seen[('softmax', 16)]['attention'] == 'softmax'
+  text = (bench_dir / 'train_step.md').read_text()
+  for m in MECHANISMS:
+    assert f'`{m}`' in text
+  for n in LENGTHS:
+    assert f' {n} |' in text
+  data = (bench_dir / 'train_step.png').read_bytes()
+  assert data[:4] == b'\x89PNG'
+
+
+def test_config_names():
+  root = train_step.CONFIG_ROOT
+  assert train_step.config_path(root, 'text', 'softmax').endswith(
+      os.path.join('text', 'transformer.py'))
+  assert train_step.config_path(root, 'text', 'combiner').endswith(
+      'combiner_fixed.py')
+  assert train_step.config_path(root, 'text', 'cst_l16').endswith(
+      'cst_l16.py')
+  with pytest.raises(ValueError, match='choose one of'):
+    train_step.config_path(root, 'text', 'nope')
