@@ -28,6 +28,7 @@ from lra_msmra import config_lib
 from lra_msmra import models
 from lra_msmra.attention import cst
 from lra_msmra.attention import softmax
+from tests import helpers
 
 FEATURES, HEADS, QKV = 8, 2, 8
 
@@ -538,11 +539,14 @@ def test_invalid_knobs_are_rejected(kw, match):
   with pytest.raises(ValueError, match=match):
     cst.CompositeSliceAttention(num_heads=HEADS, **kw)
   # The same message surfaces from config validation.
-  config = config_lib.default_config()
+  config = helpers.tiny_listops_config()
   config.model.attention = 'cst'
   config.model.attention_kw = kw
   with pytest.raises(ValueError, match=match):
     config_lib.validate(config)
+  # and the same config with a valid CST knob set passes.
+  config.model.attention_kw = {'slice_length': 4, 'alpha': 2}
+  config_lib.validate(config)
 
 
 # --------------------------------------------------------------- efficiency
