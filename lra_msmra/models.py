@@ -204,7 +204,7 @@ class Encoder(nn.Module):
     attention_cls = attention_lib.get_attention(self.attention)
     shared_module = attention_cls.shared_module(
         dict(self.attention_kw), features=self.emb_dim, max_len=table_len,
-        name='attention_shared')
+        name='attention_shared', causal=self.causal)
     shared = None if shared_module is None else shared_module()
 
     for i in range(self.num_layers):

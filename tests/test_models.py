@@ -206,7 +206,9 @@ class _SharedUser(attention.Attention):
   """Test mechanism: softmax attention plus a model-level shared vector."""
 
   @classmethod
-  def shared_module(cls, attention_kw, *, features, max_len, name):
+  def shared_module(cls, attention_kw, *, features, max_len, name, causal):
+    # `causal` is required here: the encoder must say which form it builds.
+    assert causal is False
     return _CountingTables(features=features, name=name)
 
   @nn.compact

@@ -63,7 +63,8 @@ class Attention(nn.Module):
 
   @classmethod
   def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
-                    max_len: int, name: str) -> Optional[nn.Module]:
+                    max_len: int, name: str,
+                    causal: bool = False) -> Optional[nn.Module]:
     """Returns a module of model-level parameters shared by all layers, or None.
 
     The encoder calls this once inside its own `compact` method, calls the
@@ -75,8 +76,9 @@ class Attention(nn.Module):
       features: model width.
       max_len: longest sequence the model sees (CLS included).
       name: the name to give the module (its parameter scope).
+      causal: whether the layers are built in causal mode.
     """
-    del attention_kw, features, max_len, name
+    del attention_kw, features, max_len, name, causal
     return None
 
   # -- helpers for subclasses ------------------------------------------------

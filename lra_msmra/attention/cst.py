@@ -56,9 +56,9 @@ Choices we made where the paper is silent (ATTENTIONS §1.9 numbers these):
 * Query rows of the local table when extended: the table's row r belongs to
   relative offset r - e from the slice start, so queries use rows
   e..e+L-1 and key c of the extended window uses row c. In causal mode the
-  window is the first e + L of those offsets, so the table keeps its
-  alpha * L rows and the last e rows are unused (the encoder's hook does not
-  tell the table whether the model is causal).
+  window is the first e + L = (alpha + 1) L / 2 of those offsets, and the
+  table has exactly those rows (the encoder tells `shared_module` whether the
+  model is causal).
 * Zero fillers at the sequence ends (Eq. 11) are masked as keys: otherwise
   the position table would make them non-zero keys that take softmax mass.
 * Padding: padded keys are masked in the local attention, the mean divides by
@@ -143,6 +143,16 @@ def extension_width(slice_length: int, alpha: int) -> int:
   return (alpha - 1) * slice_length // 2
 
 
+def local_table_rows(slice_length: int, alpha: int, causal: bool) -> int:
+  """Rows of the MS-VIPE slice-local table: alpha L, or (alpha + 1) L / 2.
+
+  In causal mode the extended window has only its left part, e + L offsets.
+  """
+  if causal:
+    return extension_width(slice_length, alpha) + slice_length
+  return alpha * slice_length
+
+
 def extend_slices(t: Array, width: int, right: bool) -> Array:
   """Appends neighbouring tokens to every slice (Eq. 11; Eq. 12 if not right).
 
@@ -198,8 +208,9 @@ class MultiScalePositions(nn.Module):
   """The MS-VIPE tables (Section 4.2), one set per model, shared by layers.
 
   Attributes:
-    local_len: rows of the slice-local table, alpha * slice_length; row r
-      belongs to offset r - e from the start of a slice.
+    local_len: rows of the slice-local table, alpha * slice_length
+      ((alpha + 1) * slice_length / 2 in causal mode); row r belongs to offset
+      r - e from the start of a slice.
     global_len: rows of the slice-level table, ceil(max_len / slice_length).
     features: model width D.
     init_std: standard deviation of the normal initialiser.
@@ -258,7 +269,8 @@ class CompositeSliceAttention(base.Attention):
 
   @classmethod
   def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
-                    max_len: int, name: str) -> Optional[nn.Module]:
+                    max_len: int, name: str,
+                    causal: bool = False) -> Optional[nn.Module]:
     """The MS-VIPE tables for a model of width `features`, or None.
 
     Args:
@@ -266,6 +278,8 @@ class CompositeSliceAttention(base.Attention):
       features: model width.
       max_len: longest sequence the model sees (CLS included).
       name: parameter scope of the tables.
+      causal: whether the layers are causal (the local table then covers the
+        left-extended window only, (alpha + 1) L / 2 rows).
     """
     def knob(key):
       return attention_kw.get(key, getattr(cls, key))
@@ -274,7 +288,7 @@ class CompositeSliceAttention(base.Attention):
     slice_length, alpha = knob('slice_length'), knob('alpha')
     check_slicing(slice_length, alpha)
     return MultiScalePositions(
-        local_len=alpha * slice_length,
+        local_len=local_table_rows(slice_length, alpha, causal),
         global_len=-(-max_len // slice_length), features=features,
         init_std=knob('position_init_std'), name=name)
 
@@ -289,7 +303,8 @@ class CompositeSliceAttention(base.Attention):
       padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables attention dropout.
       shared: the output of `shared_module(...)()`, i.e. the MS-VIPE tables
-        {'local': `[alpha L, features]`, 'global': `[rows, features]`}; the
+        {'local': `[alpha L (causal: e + L), features]`, 'global':
+        `[rows, features]`}; the
         encoder passes it. Required iff position_embedding='ms_vipe'.
 
     Returns:
@@ -371,12 +386,13 @@ class CompositeSliceAttention(base.Attention):
           "For the conventional ablation set attention_kw.position_embedding="
           "'none' and model.pos_emb='learned'.")
     local, global_ = shared['local'], shared['global']
-    if local.shape != (self.alpha * self.slice_length, features):
+    rows = local_table_rows(self.slice_length, self.alpha, self.causal)
+    if local.shape != (rows, features):
       raise ValueError(
           f'MS-VIPE local table has shape {local.shape}, expected '
-          f'{(self.alpha * self.slice_length, features)} for slice_length='
-          f'{self.slice_length}, alpha={self.alpha}, width {features}; build '
-          'the tables from the same attention_kw as the layers.')
+          f'{(rows, features)} for slice_length={self.slice_length}, alpha='
+          f'{self.alpha}, causal={self.causal}, width {features}; build the '
+          'tables from the same attention_kw and causal flag as the layers.')
     if global_.shape[0] < slices or global_.shape[1] != features:
       raise ValueError(
           f'The input needs {slices} slice positions of width {features} but '
@@ -414,7 +430,8 @@ class CompositeSliceAttention(base.Attention):
       proj: query/key/value/out projections.
       xs: `[batch, slices, L, features]`.
       ms: bool `[batch, slices, L]`, True = real token.
-      pos: local table `[alpha L, features]` or None.
+      pos: local table `[alpha L, features]` (causal: `[e + L, features]`)
+        or None.
       deterministic: disables dropout.
 
     Returns:

@@ -69,7 +69,8 @@ class StandaloneAttention(nn.Module):
     cls = get_attention(self.mechanism)
     shared_module = cls.shared_module(dict(self.kw), features=x.shape[-1],
                                       max_len=self.max_len,
-                                      name='attention_shared')
+                                      name='attention_shared',
+                                      causal=self.causal)
     call_kw = {} if shared_module is None else {'shared': shared_module()}
     layer = cls(num_heads=self.num_heads, qkv_features=self.qkv_features,
                 out_features=self.out_features,

@@ -51,7 +51,8 @@ class Stack(nn.Module):
   def __call__(self, x, *, padding_mask=None, deterministic=True):
     cls = cst.CompositeSliceAttention
     tables = cls.shared_module(dict(self.kw), features=x.shape[-1],
-                               max_len=self.max_len, name='attention_shared')
+                               max_len=self.max_len, name='attention_shared',
+                               causal=self.causal)
     call_kw = {} if tables is None else {'shared': tables()}
     for i in range(self.num_layers):
       layer = cls(num_heads=HEADS, qkv_features=QKV, causal=self.causal,
@@ -496,6 +497,26 @@ def test_tables_are_created_once_and_shared_by_all_layers():
   assert [p for p in paths if p.endswith(('/local', '/global'))] == [
       'attention_shared/global', 'attention_shared/local']
   assert not any('pos_embedding' in p for p in paths)
+
+
+@pytest.mark.parametrize('alpha', [1, 2, 3])
+def test_causal_local_table_has_only_the_left_window_rows(alpha):
+  kw = {'slice_length': 4, 'alpha': alpha}
+  stack = _stack(kw, causal=True, max_len=16)
+  x = _inputs(16)
+  params = _init(stack, x)
+  rows = (alpha + 1) * 4 // 2
+  assert params['attention_shared']['local'].shape == (rows, FEATURES)
+  # Every row is used: each one receives a gradient.
+  grad = jax.grad(lambda p: jnp.sum(stack.apply({'params': p}, x) ** 2))(
+      params)['attention_shared']['local']
+  assert np.all(np.abs(np.asarray(grad)).sum(-1) > 0)
+  # Tables built for the other mode are refused with the fix in the message.
+  layer = cst.CompositeSliceAttention(num_heads=HEADS, causal=True, **kw)
+  with pytest.raises(ValueError, match='causal flag'):
+    layer.init(jax.random.PRNGKey(0), x,
+               shared={'local': jnp.zeros((rows + 1, FEATURES)),
+                       'global': jnp.zeros((4, FEATURES))})
 
 
 def test_conventional_ablation_has_no_tables():
