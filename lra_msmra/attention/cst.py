@@ -20,9 +20,9 @@ slices, D model width, e = (alpha - 1) L / 2 extension width):
 5. Broadcast-add: token i of slice s gets `Y_l[i] + Y_g[s]` (Eq. 10).
 
 Positions (MS-VIPE, Section 4.2): two learned tables, a slice-local one with
-alpha * L rows ((alpha + 1) L / 2 when causal) and a slice-level one with ceil(max_len / L) rows, created once
-per model (`MultiScalePositions`, through `shared_module`) and shared by all
-layers. They are added to the inputs of the query and key projections of the
+alpha * L rows ((alpha + 1) L / 2 when causal) and a slice-level one with
+ceil(max_len / L) rows, created once per model (`MultiScalePositions`,
+through `shared_module`) and shared by all layers. They are added to the inputs of the query and key projections of the
 local (Eq. 14) and global (Eq. 15) attentions, never to the values. A model
 using them has no input position embedding (`config.model.pos_emb = 'none'`).
 The paper's "Conventional" ablation is `position_embedding='none'` here plus
