@@ -59,11 +59,14 @@ def load_sibling(file: str, name: str):
   """Imports `name`.py from the folder of config file `file`.
 
   Config files are loaded by path, not as a package, so a mechanism config
-  reaches its task's `base.py` this way.
+  reaches its task's `base.py` this way, and the settings its mechanism
+  shares across tasks with a relative path such as `'../common/cst'`
+  (configs/common/).
   """
-  path = os.path.join(os.path.dirname(os.path.abspath(file)), name + '.py')
+  path = os.path.normpath(os.path.join(
+      os.path.dirname(os.path.abspath(file)), name + '.py'))
   spec = importlib.util.spec_from_file_location(
-      f'lra_msmra_config_{abs(hash(path))}_{name}', path)
+      f'lra_msmra_config_{abs(hash(path))}_{os.path.basename(name)}', path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

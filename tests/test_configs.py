@@ -13,9 +13,12 @@ from lra_msmra import data as data_lib
 from lra_msmra import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# configs/common/ holds the settings a mechanism shares across tasks, no
+# config files.
 CONFIG_FILES = sorted(
     f for f in glob.glob(os.path.join(ROOT, 'configs', '*', '*.py'))
-    if os.path.basename(f) != 'base.py')
+    if os.path.basename(f) != 'base.py'
+    and os.path.basename(os.path.dirname(f)) != 'common')
 IDS = [os.path.relpath(f, ROOT) for f in CONFIG_FILES]
 
 # Parameters of the LRA Transformer of each task (PROTOCOL §11).

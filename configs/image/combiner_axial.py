@@ -3,37 +3,20 @@ r"""Image with Combiner-Axial (arXiv:2107.05768).
   python -m lra_msmra.main --config configs/image/combiner_axial.py:runlocal \
       --workdir /tmp/image_combiner_axial
 
-Combiner's LRA protocol: the official LRA config with the attention swapped
-(paper §5.2.1; PROTOCOL §5, §9). No extra parameters, so the model matches the
-LRA Transformer's count. The paper does not state its LRA hardware or block
-sizes (Appendix E is missing).
+`row_length=32`, so image rows are grid rows; with CLS pooling the CLS token
+ends an extra first row (`num_prefix_tokens=1`): a 33 x 32 grid. Without CLS
+(the `xiong` and `cst` options pool by mean) the grid is 32 x 32. The paper
+reports 41.33 for Combiner-Axial (its Transformer: 42.44; ATTENTIONS §7.4).
 
-The paper does not say which axial plan it used on LRA. We use 'vertical'
-(direct own row and column, column spans above and below, max-pooled): the
-official code's 'rowmajor' adds two projections and a LayerNorm per layer,
-which breaks the 110% parameter budget (PROTOCOL §10.2) on ListOps, Text,
-Retrieval and Pathfinder (+23%, +15%, +12%, +16%). `row_length=32`, so image
-rows are grid rows; with CLS pooling the CLS token ends an extra first row
-(`num_prefix_tokens=1`): a 33 x 32 grid. Without CLS (the `xiong` and `cst`
-options pool by mean) the grid is 32 x 32. The paper reports 41.33 for
-Combiner-Axial (its Transformer: 42.44; ATTENTIONS §7.4).
-
-Options: see base.py (`runlocal`, `xiong`, `cst`).
+Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the axial
+plan: configs/common/combiner.py.
 """
 
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/combiner')
 
 
 def get_config(arg=None):
-  config = base.get_config(arg)
-  config.model.attention = 'combiner'
-  kw = config.model.attention_kw
-  kw.variant = 'axial'
-  kw.axial_plan = 'vertical'
-  kw.row_length = 32
-  # A CLS token exists only with CLS pooling (models.create_model).
-  if config.model.pooling == 'CLS':
-    kw.num_prefix_tokens = 1
-  return config
+  return common.apply(base.get_config(arg), 'axial', row_length=32)

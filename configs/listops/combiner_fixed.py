@@ -3,26 +3,19 @@ r"""ListOps with Combiner-Fixed (arXiv:2107.05768).
   python -m lra_msmra.main --config configs/listops/combiner_fixed.py:runlocal \
       --workdir /tmp/listops_combiner_fixed
 
-Combiner's LRA protocol: the official LRA config with the attention swapped
-(paper §5.2.1; PROTOCOL §5, §9). No extra parameters, so the model matches the
-LRA Transformer's count. The paper does not state its LRA hardware or block
-sizes (Appendix E is missing).
+Default block size: 2001 tokens (CLS + 2000) -> s = 32, 63 blocks (padded to
+2016). The paper reports 36.65 for Combiner-Fixed (its Transformer: 36.38;
+ATTENTIONS §7.4).
 
-Block size: the default power of two nearest to sqrt(N), computed from the
-input length: 2001 tokens (CLS + 2000) -> s = 32, 63 blocks (padded to 2016).
-The paper reports 36.65 for Combiner-Fixed (its Transformer: 36.38; ATTENTIONS
-§7.4).
-
-Options: see base.py (`runlocal`, `xiong`, `cst`).
+Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the block
+size: configs/common/combiner.py.
 """
 
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/combiner')
 
 
 def get_config(arg=None):
-  config = base.get_config(arg)
-  config.model.attention = 'combiner'
-  config.model.attention_kw.variant = 'fixed'
-  return config
+  return common.apply(base.get_config(arg), 'fixed')

@@ -4,24 +4,12 @@ r"""Pathfinder (32x32) with AdaMRA attention (arXiv:2108.04962).
       --workdir /tmp/pathfinder_adamra
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The paper reports 75.77%
-(Table 1) under the `xiong` protocol; it states no hardware for its LRA runs.
+(Table 1) under the `xiong` protocol. The knobs and the projections of each
+protocol: configs/common/adamra.py.
 
-AdaMRA knobs (lra_msmra/attention/adamra.py lists every choice): the paper's
-Table 1 setting of three resolution heads with compression rates (1/2, 1/8,
-1/32) (its ablation row 3), router gated by its probability so it learns,
-masked segment means; `num_heads` is the number of subheads S per resolution
-head. 1024 pixels are a multiple of 32.
-
-* Default (the official LRA config with the attention swapped): projections
-  `'single'`, because stacked per-head projections would give 1.35x and
-  head-shared ones 1.12x the 26,530 parameters of the LRA Transformer;
-  `'single'` has 26,722 (+0.7%).
-* `xiong` (the paper's protocol, PROTOCOL §8 and ATTENTIONS §3.6): 2 layers,
-  D = 64, S = 2 subheads of width 32 (S is not reported; this matches the
-  2 x 32 heads of the protocol) and the paper's stacked projections, with the
-  biases and PyTorch initialisation of that protocol.
-* `cst`: the CST paper's protocol with the paper's stacked projections (no
-  parameter rule applies there).
+1024 pixels are a multiple of 32. Default: projections `'single'`, because
+stacked per-head projections would give 1.35x and head-shared ones 1.12x the
+26,530 parameters of the LRA Transformer; `'single'` has 26,722 (+0.7%).
 """
 
 import ml_collections
@@ -29,18 +17,8 @@ import ml_collections
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
-
-# The paper's Table 1 rates: three resolution heads, coarse to fine.
-PAPER_RATES = (1 / 2, 1 / 8, 1 / 32)
+common = config_lib.load_sibling(__file__, '../common/adamra')
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
-  config = base.get_config(arg)
-  config.model.attention = 'adamra'
-  # The LRA rule (<= 110% of the LRA Transformer's parameters) decides the
-  # projection layout; other protocols use the paper's stacked projections.
-  layout = 'single' if config.protocol == 'lra' else 'stacked'
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
-      compression_rates=PAPER_RATES, router_gate='prob',
-      segment_means='masked', projections=layout))
-  return config
+  return common.apply(base.get_config(arg), lra_projections='single')

@@ -4,27 +4,20 @@ r"""Pathfinder with Combiner-Fixed (arXiv:2107.05768).
       --config configs/pathfinder/combiner_fixed.py:runlocal \
       --workdir /tmp/pathfinder_combiner_fixed
 
-Combiner's LRA protocol: the official LRA config with the attention swapped
-(paper §5.2.1; PROTOCOL §5, §9). No extra parameters, so the model matches the
-LRA Transformer's count. The paper does not state its LRA hardware or block
-sizes (Appendix E is missing).
+Default block size: 1024 pixels (MEAN pooling, no CLS) -> s = 32, 32 blocks.
+The paper reports 88.59 for Combiner-Fixed on Pathfinder-inter (its
+Transformer: 88.81), see combiner_fixed_inter.py; it reports nothing on the
+default 'hard' split.
 
-Block size: the default power of two nearest to sqrt(N), computed from the
-input length: 1024 pixels (MEAN pooling, no CLS) -> s = 32, 32 blocks. The
-paper reports 88.59 for Combiner-Fixed on Pathfinder-inter (its Transformer:
-88.81), see combiner_fixed_inter.py; it reports nothing on the default 'hard'
-split.
-
-Options: see base.py (`runlocal`, `xiong`, `cst`).
+Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the block
+size: configs/common/combiner.py.
 """
 
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/combiner')
 
 
 def get_config(arg=None):
-  config = base.get_config(arg)
-  config.model.attention = 'combiner'
-  config.model.attention_kw.variant = 'fixed'
-  return config
+  return common.apply(base.get_config(arg), 'fixed')

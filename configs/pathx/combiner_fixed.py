@@ -3,24 +3,18 @@ r"""Path-X with Combiner-Fixed (arXiv:2107.05768).
   python -m lra_msmra.main --config configs/pathx/combiner_fixed.py:runlocal \
       --workdir /tmp/pathx_combiner_fixed
 
-Combiner's LRA protocol: the official LRA config with the attention swapped
-(paper §5.2.1; PROTOCOL §5, §9). No extra parameters, so the model matches the
-LRA Transformer's count. The paper does not state its LRA hardware or block
-sizes (Appendix E is missing).
+Default block size: 16384 pixels (no CLS) -> s = 128, 128 blocks. The paper
+does not report Path-X; every model of the LRA paper FAILs it (PROTOCOL §10.1).
 
-Block size: the default power of two nearest to sqrt(N), computed from the
-input length: 16384 pixels (no CLS) -> s = 128, 128 blocks. The paper does not
-report Path-X; every model of the LRA paper FAILs it (PROTOCOL §10.1). Options:
-`runlocal`.
+Options: `runlocal`. The protocol and the block size:
+configs/common/combiner.py.
 """
 
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/combiner')
 
 
 def get_config(arg=None):
-  config = base.get_config(arg)
-  config.model.attention = 'combiner'
-  config.model.attention_kw.variant = 'fixed'
-  return config
+  return common.apply(base.get_config(arg), 'fixed')

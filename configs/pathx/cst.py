@@ -12,32 +12,15 @@ L = 8. MS-VIPE replaces the learned input table of 16384 x 32 parameters
 with (32 + 512) x 32, so the model is far below the LRA Transformer's size.
 Every model of the LRA paper FAILs Path-X (chance level, PROTOCOL §10.1).
 
-Ablations of Tables 7 and 8 are overrides of the knobs below (see
-configs/listops/cst.py).
+The other knobs and the ablation overrides: configs/common/cst.py.
 """
-
-import ml_collections
 
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/cst')
 
 
 def get_config(arg=None):
-  config = base.get_config(arg)
-  config.model.attention = 'cst'
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
-      # Balances the local and global costs at 16384 tokens (docstring).
-      slice_length=32,
-      alpha=1,
-      # Local attention, then global attention over the slice means.
-      composition='local_first',
-      aggregation='mean',
-      # One set of Q/K/V/O projections for both attentions (A.3).
-      share_local_global=True,
-      position_embedding='ms_vipe',
-      position_init_std=0.02,
-  ))
-  # MS-VIPE adds its tables inside every layer instead (Section 4.2).
-  config.model.pos_emb = 'none'
-  return config
+  # Balances the local and global costs at 16384 tokens (docstring).
+  return common.apply(base.get_config(arg), slice_length=32)

@@ -5,17 +5,15 @@ r"""Path-X with Transformer-LS attention (`long_short`, arXiv:2107.02192).
 
 Options: `runlocal`. The official LRA config with the attention swapped, at
 the paper's fixed LRA setting (w, r) = (8, 32): 540,066 parameters, 100.4% of
-the LRA Transformer's (PROTOCOL §11). The paper does not report Path-X.
+the LRA Transformer's (PROTOCOL §11). The paper does not report Path-X. The
+knobs: configs/common/long_short.py.
 """
 
 from lra_msmra import config_lib
 
 base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/long_short')
 
 
 def get_config(arg=None):
-  config = base.get_config(arg)
-  config.model.attention = 'long_short'
-  kw = config.model.attention_kw
-  kw.window_size, kw.num_landmarks = 8, 32
-  return config
+  return common.apply(base.get_config(arg))
