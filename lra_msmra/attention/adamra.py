@@ -20,7 +20,7 @@ The mechanism (paper §3.2, Eqs. 1 and 6-9):
    projects it back.
 
 Time and memory are linear in N: no array has two axes of size ~N (the
-largest is `[batch, length, H, S, head_dim]`).
+largest are `[batch, length, S, head_dim]`, the size of an activation).
 
 Choices where the paper is silent, or where we depart from it
 (ATTENTIONS §3.8):
@@ -61,9 +61,21 @@ Choices where the paper is silent, or where we depart from it
   routed head's output by its router probability; `'hard'` is the literal
   mask (the router does not learn); `'straight_through'` uses the hard mask
   forward and the gradient of `'prob'`'s soft weights backward.
-* Evaluation. Every head is computed for every query and then masked (dense
-  and mask): H times the query-side cost of gathering only the routed queries,
-  but static shapes and no scatter.
+* Evaluation (layout only; the function is that of computing every head for
+  every query and masking by the gate). The key side gives every head's small
+  summaries sum_j phi(k~_j) v~_j^T `[b, S, d, d]` and sum_j phi(k~_j)
+  `[b, S, d]`. The query side keeps only the routed head: a scan over the
+  heads (`_routed`) projects all queries with head h's map (`'stacked'`),
+  then applies head h's summaries to the routed features, and keeps the
+  result where the query chose h, by a select. So the query-side arrays are
+  `[b, n, S, d]`, not `[b, n, H, S, d]`, and only one head's are alive at a
+  time in either pass; the work is still H times that of the routed queries
+  alone (static shapes, no gather or scatter). The cotangent reaches only the
+  routed head, as the one-hot mask gives. ReLU features differentiate from
+  their output (`_relu`), so the backward pass keeps phi(q) and not q as
+  well. `'straight_through'` also gives the router the outputs of the
+  unrouted heads, so it keeps H more `[b, n, S, d]` arrays for the backward
+  pass (`_tap_gate_gradient`).
 * Segment means (`segment_means`). `'masked'` (default) divides by the number
   of real tokens in the segment. `'unmasked'` reproduces the Nystromformer
   code the paper cites: keys and values are multiplied by the padding mask
@@ -102,6 +114,7 @@ Choices where the paper is silent, or where we depart from it
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Optional, Sequence
 
@@ -176,10 +189,90 @@ def segment_means(x: Array, padding_mask: Array, segment_length: int,
   return means, count > 0
 
 
+@jax.custom_jvp
+def _relu(x: Array) -> Array:
+  """`jax.nn.relu` whose derivative reads the output, not the input.
+
+  Same values and derivative (1 where x > 0, else 0, as `jax.nn.relu`), but
+  the backward pass keeps only the features, which it needs anyway, instead
+  of the pre-activations as well.
+  """
+  return jnp.maximum(x, 0)
+
+
+@_relu.defjvp
+def _relu_jvp(primals, tangents):
+  y = _relu(primals[0])
+  return y, jnp.where(y > 0, tangents[0], jnp.zeros_like(tangents[0]))
+
+
 def _feature(x: Array, feature_map: str) -> Array:
   if feature_map == 'relu':
-    return jax.nn.relu(x)
+    return _relu(x)
   return jax.nn.elu(x) + 1.0
+
+
+def _routed(choice: Array, fn: Callable[..., Any], per_head: Any,
+            init: Any) -> Any:
+  """`fn(per_head[h])` at the queries routed to h, one head at a time.
+
+  A scan over the heads: step h computes `fn` of head h's slice of
+  `per_head` for all queries and keeps it where `choice == h`. The result is
+  exactly the routed head's value (a select, no arithmetic), the cotangent
+  reaches the routed head only (as masking by a one-hot gate gives), and the
+  scan keeps a single head's `[b, n, ...]` arrays alive at a time in both
+  passes, where unrolled heads let XLA schedule all H of them together.
+
+  Args:
+    choice: int `[b, n]`, the routed head of each query.
+    fn: maps one head's slice of `per_head` to a pytree of `[b, n, ...]`
+      arrays with the structure and shapes of `init`.
+    per_head: pytree of arrays with a leading axis H.
+    init: pytree of `[b, n, ...]` arrays (overwritten at every query).
+
+  Returns:
+    The pytree of `init`, holding `fn(per_head[choice[b, n]])[b, n, ...]`.
+  """
+  def step(acc, head):
+    h, params = head
+    out = fn(params)
+    pick = choice == h
+    return jax.tree.map(
+        lambda new, old: jnp.where(
+            pick.reshape(pick.shape + (1,) * (new.ndim - 2)), new, old),
+        out, acc), None
+  num_heads = jax.tree.leaves(per_head)[0].shape[0]
+  out, _ = jax.lax.scan(step, init, (jnp.arange(num_heads), per_head))
+  return out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tap_gate_gradient(y: Array, gate: Array,
+                       terms: tuple[tuple[Array, Array], ...],
+                       epsilon: float) -> Array:
+  """Identity on `y`; the backward pass gives `gate` the head outputs' share.
+
+  With `terms[h]` = (num_h `[b, n, S, d]`, den_h `[b, n, S]`), the cotangent
+  of `gate[..., h]` is sum_s (sum_v num_h dy) / (den_h + eps), what
+  `y = sum_h num_h gate_h / (den_h + eps)` would give it; `terms` get none.
+  """
+  del gate, terms, epsilon
+  return y
+
+
+def _tap_gate_gradient_fwd(y, gate, terms, epsilon):
+  del gate, epsilon
+  return y, terms
+
+
+def _tap_gate_gradient_bwd(epsilon, terms, g):
+  d_gate = jnp.stack(
+      [jnp.sum(jnp.einsum('bnsv,bnsv->bns', num, g) / (den + epsilon), -1)
+       for num, den in terms], axis=-1)
+  return g, d_gate, jax.tree.map(jnp.zeros_like, terms)
+
+
+_tap_gate_gradient.defvjp(_tap_gate_gradient_fwd, _tap_gate_gradient_bwd)
 
 
 def _stacked_init(init: Callable[..., Array], leading: int
@@ -215,11 +308,19 @@ class SubheadProjection(nn.Module):
   dtype: Any
 
   @nn.compact
-  def __call__(self, x: Array, head: Optional[int] = None) -> Array:
-    """Projects `x` with every head's map (`head=None`) or with one head's.
+  def __call__(self, x: Array, head: Optional[int] = None,
+               choice: Optional[Array] = None) -> Array:
+    """Projects `x` with every head's map, with one head's, or per query.
 
-    Returns `[..., H, S, head_dim]` for all heads of per-head maps, else
-    `[..., S, head_dim]`.
+    Args:
+      x: `[..., in]`; `[b, n, in]` with `choice`.
+      head: use head `head`'s map (per-head maps only).
+      choice: int `[b, n]`; project each query with its routed head's map
+        (per-head maps only; see `_routed`).
+
+    Returns:
+      `[..., H, S, head_dim]` for all heads of per-head maps, else
+      `[..., S, head_dim]`.
     """
     out = (self.num_subheads, self.head_dim)
     lead = () if self.num_resolution_heads is None else (
@@ -230,6 +331,13 @@ class SubheadProjection(nn.Module):
             if self.use_bias else None)
     kernel = kernel.astype(self.dtype)
     x = x.astype(self.dtype)
+    if lead and choice is not None:
+      def project(params):
+        k, b = params
+        y = jnp.einsum('...d,dsk->...sk', x, k)
+        return y if b is None else y + b.astype(self.dtype)
+      init = jnp.zeros(x.shape[:-1] + kernel.shape[-2:], self.dtype)
+      return _routed(choice, project, (kernel, bias), init)
     if lead and head is not None:
       kernel = kernel[head]
       bias = None if bias is None else bias[head]
@@ -304,15 +412,20 @@ class AdaMRAAttention(base.Attention):
         kernel_init=self.kernel_init, bias_init=self.bias_init,
         dtype=self.dtype, name=name)
 
-  def _route(self, q: Array, padding_mask: Array) -> Array:
-    """Router (Eq. 6) and gate `[batch, length, H]` (float32)."""
+  def _route(self, q: Array, padding_mask: Array) -> tuple[Array, Array]:
+    """Router (Eq. 6).
+
+    Returns:
+      The routed head of each query (int `[batch, length]`, the argmax) and
+      the gate `[batch, length, H]` (float32; zero but for the routed head).
+    """
     num_res = len(self.compression_rates)
     logits = nn.Dense(num_res, use_bias=False, kernel_init=self.kernel_init,
                       dtype=jnp.float32, param_dtype=jnp.float32,
                       name='router')(q.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
-    hard = jax.nn.one_hot(jnp.argmax(probs, axis=-1), num_res,
-                          dtype=jnp.float32)
+    choice = jnp.argmax(probs, axis=-1)
+    hard = jax.nn.one_hot(choice, num_res, dtype=jnp.float32)
     if self.router_gate == 'hard':
       gate = hard
     elif self.router_gate == 'prob':
@@ -329,7 +442,46 @@ class AdaMRAAttention(base.Attention):
       for h in range(num_res):
         self.sow('metrics', f'route_fraction/head_{h}',
                  jnp.sum(hard[..., h] * real) / total)
-    return gate
+    return choice, gate
+
+  def _straight_through_term(
+      self, y: Array, choice: Array, gate: Array,
+      head_query: Callable[[int], Array],
+      kernel_attention: Callable[[Array, int], tuple[Array, Array]],
+      phi_q: Array) -> Array:
+    """Adds the `'straight_through'` router gradient of the unrouted heads.
+
+    With the soft gradient, every head's router probability gets
+    <y_h, dy> = sum_s (sum_v num_h dy) / (den_h + eps), routed or not, where
+    num_h, den_h are what head h computes for the query. The routed head's
+    share comes with the selected output; `_tap_gate_gradient` adds the
+    others in the backward pass, leaving the forward value of `y` untouched.
+    The head outputs it reads are those dense-and-mask multiplies by a gate of
+    value 0, which receive no gradient there either. Keeping them for the
+    backward pass makes this gate cost H `[b, n, S, d]` arrays more memory
+    than the other two.
+
+    Args:
+      y: the output `[b, n, S, d]` (float32).
+      choice: routed head `[b, n]`.
+      gate: `[b, n, H]`.
+      head_query: h -> subhead queries of head h, `[b, n, S, d]`.
+      kernel_attention: (phi(q), h) -> numerator and denominator of head h.
+      phi_q: features of the routed head's queries `[b, n, S, d]`.
+
+    Returns:
+      `y`, unchanged in value.
+    """
+    terms = []
+    for h in range(gate.shape[-1]):
+      phi_h = phi_q
+      if self.projections == 'stacked':
+        # Head h's own queries; phi_q holds the routed head's.
+        phi_h = _feature(head_query(h).astype(jnp.float32), self.feature_map)
+      terms.append(jax.lax.stop_gradient(kernel_attention(phi_h, h)))
+    unrouted = jnp.where(choice[..., None] == jnp.arange(gate.shape[-1]),
+                         0.0, gate)
+    return _tap_gate_gradient(y, unrouted, tuple(terms), self.epsilon)
 
   def _landmark_dropout(self, phi_k: Array, deterministic: bool) -> Array:
     """Drops landmarks `[batch, m, S]`, shared by all queries."""
@@ -372,19 +524,16 @@ class AdaMRAAttention(base.Attention):
       k = self._dense(qkv, 'key')(x)
       v = self._dense(qkv, 'value')(x)
       router_in = q
-    gate = self._route(router_in, mask)  # [b, n, H]
+    choice, gate = self._route(router_in, mask)  # [b, n], [b, n, H]
+    num_res = len(lengths)
 
-    if self.projections == 'single':
-      q_heads = q  # [b, n, S, d], shared by the heads.
-    else:
+    # Key side: every head's summaries sum_j phi(k~_j) v~_j^T and
+    # sum_j phi(k~_j), small arrays without a length axis.
+    if self.projections != 'single':
       sub_q = self._subhead(head_dim, 'subhead_query')
       sub_k = self._subhead(head_dim, 'subhead_key')
       sub_v = self._subhead(head_dim, 'subhead_value')
-      # [b, n, H, S, d] ('stacked') or [b, n, S, d] ('stacked_shared').
-      q_heads = sub_q(q)
-    phi_q = _feature(q_heads.astype(jnp.float32), self.feature_map)
-
-    kv_sums, k_sums = [], []
+    kv, z = [], []
     for h, seg_len in enumerate(lengths):
       k_h, valid = segment_means(k, mask, seg_len, self.segment_means)
       v_h, _ = segment_means(v, mask, seg_len, self.segment_means)
@@ -396,20 +545,42 @@ class AdaMRAAttention(base.Attention):
       # Segments without a real token take no part (also for ELU + 1).
       phi_k = jnp.where(valid[:, :, None, None], phi_k, 0.0)
       v_h = jnp.where(valid[:, :, None, None], v_h, 0)
-      k_sums.append(jnp.sum(phi_k, axis=1))  # [b, S, d]
+      z.append(jnp.sum(phi_k, axis=1))  # [b, S, d]
       phi_k_num = self._landmark_dropout(phi_k, deterministic)
-      kv_sums.append(jnp.einsum('bmsk,bmsv->bskv', phi_k_num,
-                                v_h.astype(jnp.float32)))
-    kv = jnp.stack(kv_sums, axis=1)  # [b, H, S, d, d]
-    z = jnp.stack(k_sums, axis=1)  # [b, H, S, d]
+      kv.append(jnp.einsum('bmsk,bmsv->bskv', phi_k_num,
+                           v_h.astype(jnp.float32)))  # [b, S, d, d]
 
-    q_spec = 'bnhsk' if phi_q.ndim == 5 else 'bnsk'
-    num = jnp.einsum(f'{q_spec},bhskv->bnhsv', phi_q, kv)
-    den = jnp.einsum(f'{q_spec},bhsk->bnhs', phi_q, z)
-    # Gate and normaliser merge into one [b, n, H, S] coefficient, non-zero
-    # for the routed head only (dense-and-mask evaluation).
-    coef = gate[..., None] / (den + self.epsilon)
-    y = jnp.einsum('bnhsv,bnhs->bnsv', num, coef).astype(self.dtype)
+    def head_query(h: int) -> Array:
+      """Subhead queries of head h, `[b, n, S, d]`."""
+      if self.projections == 'single':
+        return q
+      return sub_q(q, h if self.projections == 'stacked' else None)
+
+    def kernel_attention(phi_q: Array, h: int) -> tuple[Array, Array]:
+      """Numerator `[b, n, S, d]` and denominator `[b, n, S]` of head h."""
+      return (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv[h]),
+              jnp.einsum('bnsk,bsk->bns', phi_q, z[h]))
+
+    # Query side: only the routed head, selected per query (see the module
+    # docstring), so these arrays are [b, n, S, d] rather than [b, n, H, ...].
+    if self.projections == 'stacked':
+      q_sel = sub_q(q, choice=choice)
+    else:
+      q_sel = head_query(0)  # The same for every head.
+    phi_q = _feature(q_sel.astype(jnp.float32), self.feature_map)
+    num, den = _routed(
+        choice,
+        lambda kv_z: (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv_z[0]),
+                      jnp.einsum('bnsk,bsk->bns', phi_q, kv_z[1])),
+        (jnp.stack(kv), jnp.stack(z)),
+        (jnp.zeros_like(phi_q), jnp.zeros(phi_q.shape[:-1], jnp.float32)))
+    gate_sel = jnp.take_along_axis(gate, choice[..., None], axis=-1)[..., 0]
+    # As dense-and-mask computes it: gate / (den + eps), times the numerator.
+    y = num * (gate_sel[..., None] / (den + self.epsilon))[..., None]
+    if self.router_gate == 'straight_through':
+      y = self._straight_through_term(
+          y, choice, gate, head_query, kernel_attention, phi_q)
+    y = y.astype(self.dtype)
     y = self.output_projection(out_features)(y)
     y = jnp.where(mask[..., None], y, 0).astype(self.dtype)
     return y[:, :length]

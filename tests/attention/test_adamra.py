@@ -58,8 +58,11 @@ def _feature(a, feature_map):
 
 
 def reference(params, x, mask, *, rates, projections, segment_means,
-              router_gate, feature_map='relu', eps=1e-6):
+              router_gate, feature_map='relu', eps=1e-6, mixture=False):
   """AdaMRA from the paper's equations, with explicit landmark weights.
+
+  `mixture=True` replaces the routed head by the router-weighted sum of all
+  heads (the function whose gradient `'straight_through'` passes back).
 
   Returns (output [B, N, out], per-head weights [B, N_pad, m_h, S] and the
   matching landmark validity [B, m_h]).
@@ -88,7 +91,7 @@ def reference(params, x, mask, *, rates, projections, segment_means,
   probs /= probs.sum(-1, keepdims=True)
   choice = probs.argmax(-1)
   gate = (np.take_along_axis(probs, choice[..., None], -1)[..., 0]
-          if router_gate == 'prob' else np.ones(choice.shape))
+          if router_gate == 'prob' else np.ones(choice.shape))[..., None]
 
   def sub(name, a, h):
     if projections == 'single':
@@ -131,7 +134,9 @@ def reference(params, x, mask, *, rates, projections, segment_means,
   heads = np.stack(heads, 2)  # [B, N, H, S, d]
   routed = np.take_along_axis(
       heads, choice[:, :, None, None, None], 2)[:, :, 0]
-  y = gate[..., None] * routed.reshape(batch, padded, -1)
+  if mixture:
+    routed, gate = np.einsum('bnhsd,bnh->bnsd', heads, probs), 1.0
+  y = gate * routed.reshape(batch, padded, -1)
   y = dense('out', y)
   y = np.where(mask[..., None], y, 0.0)
   return y[:, :length], all_weights
@@ -167,6 +172,83 @@ def test_matches_explicit_landmark_reference(case):
     totals = w.sum(2)
     assert np.mean(totals > 1 - 1e-4) > 0.5
     assert np.all((np.abs(totals - 1) < 1e-4) | (totals < 1e-3))
+
+
+def _directional_check(module, variables, x, mask, rates, case, only=None,
+                       mixture=False, seed=0):
+  """<grad of sum(w * y), d> against central differences of `reference`.
+
+  The loss is linear in y, so for `mixture=True` the finite difference of the
+  router-weighted mixture is exactly what `'straight_through'` passes back to
+  the router. `only` restricts the direction to one parameter group.
+  """
+  params = variables['params']
+  rng = np.random.RandomState(seed)
+  y0 = np.asarray(_run(module, variables, x, mask))
+  w = rng.standard_normal(y0.shape)
+  d = jax.tree_util.tree_map_with_path(
+      lambda path, a: (rng.standard_normal(a.shape)
+                       if only is None or path[0].key == only
+                       else np.zeros(a.shape)), params)
+  grads = jax.jit(jax.grad(lambda p: jnp.sum(
+      w * module.apply({'params': p}, x, padding_mask=mask))))(params)
+  analytic = sum(float(np.sum(np.asarray(g, np.float64) * e)) for g, e in
+                 zip(jax.tree.leaves(grads), jax.tree.leaves(d)))
+
+  def loss(t):
+    shifted = jax.tree.map(lambda a, e: np.asarray(a, np.float64) + t * e,
+                           params, d)
+    y, _ = reference(shifted, x, mask, rates=rates, mixture=mixture, **case)
+    return float(np.sum(w * y))
+  step = 1e-5
+  numeric = (loss(step) - loss(-step)) / (2 * step)
+  np.testing.assert_allclose(analytic, numeric, rtol=2e-3, atol=1e-3)
+  return grads
+
+
+@pytest.mark.parametrize('case', REFERENCE_CASES[:2] + [
+    dict(projections='single', segment_means='masked', router_gate='prob',
+         feature_map='elu_plus_one')], ids=['stacked', 'stacked_shared',
+                                           'single'])
+def test_gradients_match_finite_differences_of_reference(case):
+  """Every parameter's gradient (routed-head layout, custom ReLU derivative)."""
+  rates = (1, 1 / 2, 1 / 4)
+  module = _module(compression_rates=rates, use_bias=True,
+                   bias_init=nn.initializers.normal(0.5), **case)
+  x = _inputs(2, 13, seed=3)
+  mask = jnp.ones((2, 13), bool).at[1, 9:].set(False).at[0, 5].set(False)
+  variables = _init(module, x, mask)
+  _directional_check(module, variables, x, mask, rates, case)
+
+
+@pytest.mark.parametrize('projections', ['stacked', 'single'])
+def test_straight_through_gradients(projections):
+  """Router: the soft mixture's gradient; other weights: the hard gate's."""
+  rates = (1, 1 / 2, 1 / 4)
+  case = dict(projections=projections, segment_means='masked',
+              router_gate='straight_through')
+  module = _module(compression_rates=rates, **case)
+  x = _inputs(2, 12, seed=4)
+  mask = jnp.ones((2, 12), bool).at[1, 8:].set(False)
+  variables = _init(module, x, mask)
+  st = _directional_check(module, variables, x, mask, rates, case,
+                          only='router', mixture=True)
+  hard = _module(compression_rates=rates, projections=projections,
+                 router_gate='hard')
+  rng = np.random.RandomState(0)
+  w = rng.standard_normal((2, 12, FEATURES))
+  hard_grads = jax.grad(lambda p: jnp.sum(
+      w * hard.apply({'params': p}, x, padding_mask=mask)))(
+          variables['params'])
+  st_grads = jax.grad(lambda p: jnp.sum(
+      w * module.apply({'params': p}, x, padding_mask=mask)))(
+          variables['params'])
+  for name in st_grads:
+    if name not in ('router', 'query'):  # The router reads the queries.
+      jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5,
+                                     atol=1e-6),
+                   st_grads[name], hard_grads[name])
+  assert np.abs(np.asarray(st['router']['kernel'])).sum() > 0
 
 
 def test_h1_c1_is_plain_relu_linear_attention():
