@@ -122,9 +122,11 @@ Memory layout (what the computation keeps, not what it computes):
   4, D = 256, 4 heads) this and the two points above cut XLA's temporary
   buffers of forward+backward from 346 to 198 MB (net peak RSS 471 -> 311
   MB), for one extra forward pass of the (cheap) attention core; the layer
-  stays ~10x faster than softmax attention there. With dropout the layer runs all heads at
-  once, so that the masks are drawn exactly as `base.attention_dropout`
-  draws them (a Flax call, which cannot sit inside `jax.checkpoint`).
+  stays ~10x faster than softmax attention there. With dropout the layer
+  runs all heads at once, so that the masks are drawn exactly as
+  `base.attention_dropout` draws them (a Flax call, which cannot sit inside
+  `jax.checkpoint`): training with attention dropout keeps the all-heads
+  memory figure.
 
 `CombinerAttention.effective_attention` returns the dense effective attention
 matrix E (`[batch, heads, length, length]`, y_i = sum_j E(i, j) v_j before the
