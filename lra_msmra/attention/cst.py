@@ -22,9 +22,10 @@ slices, D model width, e = (alpha - 1) L / 2 extension width):
 Positions (MS-VIPE, Section 4.2): two learned tables, a slice-local one with
 alpha * L rows ((alpha + 1) L / 2 when causal) and a slice-level one with
 ceil(max_len / L) rows, created once per model (`MultiScalePositions`,
-through `shared_module`) and shared by all layers. They are added to the inputs of the query and key projections of the
-local (Eq. 14) and global (Eq. 15) attentions, never to the values. A model
-using them has no input position embedding (`config.model.pos_emb = 'none'`).
+through `shared_module`) and shared by all layers. They are added to the
+inputs of the query and key projections of the local (Eq. 14) and global
+(Eq. 15) attentions, never to the values. A model using them has no input
+position embedding (`config.model.pos_emb = 'none'`).
 The paper's "Conventional" ablation is `position_embedding='none'` here plus
 `config.model.pos_emb = 'learned'` (a learned absolute table at the input).
 
