@@ -94,6 +94,23 @@ attends to up to (N / l) r compressed vectors, so the compressed logits are
 `[batch, heads, N, (N / l) r]`: quadratic in N with the small constant r / l,
 exactly as in the official autoregressive code and paper Eq. 5.
 
+Memory layout (the function is unchanged; only what is stored differs)
+----------------------------------------------------------------------
+* The window is never cut into overlapping tiles. A block of w queries is
+  scored against its own key block and against the `left` last keys of the
+  previous block and the `right` first keys of the next one (`_neighbours`),
+  which together are exactly the keys [g w - left, (g + 1) w + right). Only
+  those e-wide (causal: w-wide) edges are copied, not a 2x tile of K and V.
+* The joint softmax is taken over the parts without concatenating them
+  (`_joint_safe_softmax`: shared row maximum and total).
+* The attention core (`_attend`, heads-major so that its products are
+  batched matmuls) keeps only its inputs and output for the backward pass,
+  which recomputes it (`_attend_recomputed`): no logits, weights or window
+  edges are stored. Recomputation costs one more forward pass of the core,
+  which is cheap next to the projections.
+* DualLN uses `_layer_norm`, the flax LayerNorm forward with an analytic
+  backward pass that keeps the input and per-row statistics only.
+
 Intermediates. With `mutable=['intermediates']` the module sows
 `projection` (P; bidirectional `[batch, length, heads, r]`, causal
 `[batch, chunks, l, heads, r]`), `compressed_keys` (LN_G(K̄);
@@ -107,8 +124,9 @@ queries, when both parts are present.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -129,26 +147,278 @@ def window_extension(window_size: int) -> int:
   return max(window_size // 2, 1)
 
 
-def _tiles(a: Array, size: int, left: int, right: int, fill) -> Array:
-  """Cuts `[batch, G * size, ...]` into overlapping tiles.
+@jax.custom_vjp
+def _layer_norm(x: Array, scale: Array, bias: Array) -> Array:
+  """LayerNorm over the last two axes, as `nn.LayerNorm` computes it.
 
-  Tile g holds positions [g * size - left, (g + 1) * size + right); positions
-  outside the sequence are `fill`. Needs left, right <= size.
+  Same forward ops as flax (float32 statistics, fast variance clipped at 0,
+  epsilon `DUAL_LN_EPS`); returns float32. The backward pass is the
+  analytic LayerNorm gradient; it keeps only `x` and the per-row mean and
+  1 / std and recomputes x_hat, instead of the several full-size arrays
+  (centred input, broadcast multipliers) that autodiff of the flax code
+  keeps.
+  """
+  return _layer_norm_fwd(x, scale, bias)[0]
+
+
+def _layer_norm_fwd(x, scale, bias):
+  x32 = x.astype(jnp.float32)
+  mean = x32.mean((-2, -1), keepdims=True)
+  mean2 = jnp.square(x32).mean((-2, -1), keepdims=True)
+  var = jnp.maximum(0.0, mean2 - jnp.square(mean))
+  inv_std = jax.lax.rsqrt(var + DUAL_LN_EPS)
+  y = (x - mean) * (inv_std * scale) + bias
+  return y, (x, scale, mean, inv_std)
+
+
+def _layer_norm_bwd(residuals, d_y):
+  # The barrier keeps XLA from merging the recomputation of x_hat with the
+  # forward pass's centred input, which would then stay live in between.
+  (x, scale, mean, inv_std), d_y = jax.lax.optimization_barrier(
+      (residuals, d_y))
+  rows = tuple(range(x.ndim - 2))
+  x_hat = (x.astype(jnp.float32) - mean) * inv_std
+  d_y = d_y.astype(jnp.float32)
+  d_hat = d_y * scale
+  d_x = inv_std * (d_hat - d_hat.mean((-2, -1), keepdims=True)
+                   - x_hat * (d_hat * x_hat).mean((-2, -1), keepdims=True))
+  return (d_x.astype(x.dtype), jnp.sum(d_y * x_hat, rows),
+          jnp.sum(d_y, rows))
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class _DualLayerNorm(nn.Module):
+  """`nn.LayerNorm` over (heads, head_dim) jointly, with `_layer_norm`.
+
+  Same parameters (`scale` of ones, `bias` of zeros, `[heads, head_dim]`,
+  float32) and outputs as `nn.LayerNorm(epsilon=DUAL_LN_EPS,
+  reduction_axes=(-2, -1), feature_axes=(-2, -1))`.
+  """
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    shape = x.shape[-2:]
+    scale = self.param('scale', nn.initializers.ones, shape, jnp.float32)
+    bias = self.param('bias', nn.initializers.zeros, shape, jnp.float32)
+    return _layer_norm(x, scale, bias).astype(self.dtype)
+
+
+def _neighbours(blocks: Array, left: int, right: int, fill, axis: int
+                ) -> tuple[Optional[Array], Optional[Array]]:
+  """The edges of the neighbouring blocks that a block's window reaches.
+
+  Args:
+    blocks: blocks along `axis`, each of `size` positions along `axis + 1`.
+    left: positions taken from the end of block g - 1 (<= size).
+    right: positions taken from the start of block g + 1 (<= size).
+    fill: value of the positions before the first / after the last block.
+    axis: the block axis.
 
   Returns:
-    `[batch, G, left + size + right, ...]`.
+    The `left` last positions of block g - 1 and the `right` first ones of
+    block g + 1, for every block g (None when the width is 0). With the block
+    itself they cover positions [g * size - left, (g + 1) * size + right),
+    without materialising that overlapping tile.
   """
-  batch, length = a.shape[:2]
-  blocks = a.reshape((batch, length // size, size) + a.shape[2:])
-  parts = []
+  size = blocks.shape[axis + 1]
+  take = lambda a, start, stop, lo, hi: jax.lax.slice_in_dim(
+      jax.lax.slice_in_dim(a, lo, hi, axis=axis), start, stop, axis=axis + 1)
+  groups = blocks.shape[axis]
+
+  def pad(a, before):
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (1, 0) if before else (0, 1)
+    return jnp.pad(a, widths, constant_values=fill)
+  before = after = None
   if left:
-    edge = jnp.full((batch, 1, left) + a.shape[2:], fill, a.dtype)
-    parts.append(jnp.concatenate([edge, blocks[:, :-1, size - left:]], 1))
-  parts.append(blocks)
+    before = pad(take(blocks, size - left, size, 0, groups - 1), True)
   if right:
-    edge = jnp.full((batch, 1, right) + a.shape[2:], fill, a.dtype)
-    parts.append(jnp.concatenate([blocks[:, 1:, :right], edge], 1))
-  return jnp.concatenate(parts, axis=2)
+    after = pad(take(blocks, 0, right, 1, groups), False)
+  return before, after
+
+
+def _joint_safe_softmax(logits: list[Array], valid: list[Array]
+                        ) -> list[Array]:
+  """`base.safe_softmax` over the concatenation of `logits`, kept in parts.
+
+  One shared row maximum and row total over all parts, so the result equals
+  the safe softmax of the concatenated logits (to float32 round-off in the
+  total) without materialising the concatenation.
+  """
+  masked = [jnp.where(m, l.astype(jnp.float32), -jnp.inf)
+            for l, m in zip(logits, valid)]
+  row_max = masked[0].max(-1, keepdims=True)
+  for m in masked[1:]:
+    row_max = jnp.maximum(row_max, m.max(-1, keepdims=True))
+  row_max = jax.lax.stop_gradient(
+      jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  unnorm = [jnp.exp(m - row_max) for m in masked]
+  total = unnorm[0].sum(-1, keepdims=True)
+  for u in unnorm[1:]:
+    total = total + u.sum(-1, keepdims=True)
+  total = jnp.where(total > 0, total, 1.0)
+  return [u / total for u in unnorm]
+
+
+def _attend(q: Array, projected, window, query_mask: Array,
+            dropout_mask: Optional[Array], *, window_size: int, left: int,
+            right: int, causal: bool, keep_prob: float
+            ) -> tuple[Array, list[Array]]:
+  """The joint softmax attention over projected and window keys.
+
+  A pure function of arrays, so that `jax.checkpoint` can wrap it (see the
+  module docstring, "Memory layout").
+
+  Args:
+    q: `[batch, length, heads, head_dim]` scaled queries.
+    projected: None, or (K̄, V̄ `[batch, m, heads, head_dim]`, bool validity
+      broadcastable to `[batch, 1, length, m]`).
+    window: None, or (keys, values `[batch, length, heads, head_dim]`, bool
+      key mask `[batch, length]`). Query block g of `window_size` positions
+      sees keys [g w - left, (g + 1) w + right); `causal` keeps keys
+      [t - w + 1, t] of query t (then left = w, right = 0).
+    query_mask: bool `[batch, length]`; False rows get zero weights.
+    dropout_mask: None, or bool `[batch, heads, length, slots]`, True = keep.
+    window_size: w.
+    left: window keys taken from the previous block.
+    right: window keys taken from the next block.
+    causal: apply the causal band inside the window.
+    keep_prob: 1 - dropout rate (used with `dropout_mask`).
+
+  Returns:
+    The combined values `[batch, length, heads, head_dim]` and the weights
+    per part (`[batch, heads, length, m]`, `[batch, heads, length, slots]`),
+    after zeroing padded queries and before dropout.
+  """
+  batch, length, heads, head_dim = q.shape
+  dtype = q.dtype
+  # Heads-major [batch, heads, length, head_dim]: every product below is then
+  # a batched matmul over (batch, heads[, block]) without further copies.
+  heads_major = lambda a: a.transpose(0, 2, 1, 3)
+  q = heads_major(q)
+  logits, valid = [], []
+  if projected is not None:
+    k_bar, v_bar, bar_valid = projected
+    logits.append(jnp.einsum('bhnd,bhmd->bhnm', q, heads_major(k_bar),
+                             preferred_element_type=jnp.float32))
+    valid.append(bar_valid)
+  if window is not None:
+    k, v, key_mask = window
+    w = window_size
+    groups, slots = length // w, left + w + right
+    as_blocks = lambda a: heads_major(a).reshape(
+        batch, heads, groups, w, head_dim)
+    q_blocks = q.reshape(batch, heads, groups, w, head_dim)
+    k_blocks = as_blocks(k)
+    k_left, k_right = _neighbours(k_blocks, left, right, 0, axis=2)
+    # Keys of block g in key order: [end of g - 1 | block g | start of g + 1].
+    win = jnp.concatenate(
+        [jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, keys,
+                    preferred_element_type=jnp.float32)
+         for keys in (k_left, k_blocks, k_right) if keys is not None], -1)
+    logits.append(win.reshape(batch, heads, length, slots))
+    m_blocks = key_mask.reshape(batch, groups, w)
+    m_left, m_right = _neighbours(m_blocks, left, right, False, axis=1)
+    m_tiles = jnp.concatenate(
+        [m for m in (m_left, m_blocks, m_right) if m is not None], -1)
+    m_tiles = m_tiles[:, None, :, None, :]
+    if causal:
+      offset = jnp.arange(slots)[None, :] - jnp.arange(w)[:, None]
+      m_tiles = m_tiles & ((offset >= 1) & (offset <= w))
+    m_tiles = jnp.broadcast_to(m_tiles, (batch, 1, groups, w, slots))
+    valid.append(m_tiles.reshape(batch, 1, length, slots))
+
+  probs = _joint_safe_softmax(logits, valid)
+  probs = [p * query_mask[:, None, :, None] for p in probs]
+  weights = probs
+  if dropout_mask is not None:
+    start, weights = 0, []
+    for p in probs:
+      keep = dropout_mask[..., start:start + p.shape[-1]]
+      weights.append(jnp.where(keep, p / keep_prob, 0.0).astype(p.dtype))
+      start += p.shape[-1]
+  weights = [p.astype(dtype) for p in weights]
+
+  out = 0.0
+  if projected is not None:
+    out = out + jnp.einsum('bhnm,bhmd->bhnd', weights[0],
+                           heads_major(projected[1]))
+  if window is not None:
+    a = weights[-1].reshape(batch, heads, groups, w, slots)
+    v_blocks = as_blocks(v)
+    v_left, v_right = _neighbours(v_blocks, left, right, 0, axis=2)
+    combined, start = 0.0, 0
+    for values in (v_left, v_blocks, v_right):
+      if values is None:
+        continue
+      width = values.shape[3]
+      combined = combined + jnp.einsum(
+          'bhgqk,bhgkd->bhgqd', a[..., start:start + width], values)
+      start += width
+    out = out + combined.reshape(batch, heads, length, head_dim)
+  return heads_major(out), probs
+
+
+class _AttendConfig(NamedTuple):
+  """The static arguments of `_attend`."""
+  window_size: int
+  left: int
+  right: int
+  causal: bool
+  keep_prob: float
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend_recomputed(config: _AttendConfig, q, projected, window,
+                       query_mask, dropout_mask):
+  """`_attend`, keeping only its inputs and output for the backward pass.
+
+  The backward pass recomputes `_attend` and differentiates it with
+  `jax.vjp`, so the gradients are those of `_attend` itself. Unlike
+  `jax.checkpoint`, the recomputation waits (`lax.optimization_barrier`) for
+  the output and its cotangent, so XLA cannot hoist it into the forward pass,
+  where its intermediates would be live at the same time as the forward
+  ones.
+  """
+  return _attend(q, projected, window, query_mask, dropout_mask,
+                 **config._asdict())
+
+
+def _attend_fwd(config, q, projected, window, query_mask, dropout_mask):
+  out, probs = _attend_recomputed(config, q, projected, window, query_mask,
+                                  dropout_mask)
+  return (out, probs), (q, projected, window, query_mask, dropout_mask, out)
+
+
+def _attend_bwd(config, residuals, cotangents):
+  residuals, cotangents = jax.lax.optimization_barrier(
+      (residuals, cotangents))
+  q, projected, window, query_mask, dropout_mask, _ = residuals
+  bar_valid = projected[2] if projected is not None else None
+  key_mask = window[2] if window is not None else None
+
+  def attend(q, projected, window):
+    if projected is not None:
+      projected = projected + (bar_valid,)
+    if window is not None:
+      window = window + (key_mask,)
+    return _attend(q, projected, window, query_mask, dropout_mask,
+                   **config._asdict())
+  _, pullback = jax.vjp(attend, q,
+                        None if projected is None else projected[:2],
+                        None if window is None else window[:2])
+  d_q, d_projected, d_window = pullback(cotangents)
+  if projected is not None:
+    d_projected = d_projected + (None,)
+  if window is not None:
+    d_window = d_window + (None,)
+  return d_q, d_projected, d_window, None, None
+
+
+_attend_recomputed.defvjp(_attend_fwd, _attend_bwd)
 
 
 class LongShortAttention(base.Attention):
@@ -209,9 +479,7 @@ class LongShortAttention(base.Attention):
 
   def _dual_ln(self, name: str) -> nn.Module:
     # Over all heads jointly, as the official LayerNorm(heads * head_dim).
-    return nn.LayerNorm(epsilon=DUAL_LN_EPS, reduction_axes=(-2, -1),
-                        feature_axes=(-2, -1), dtype=self.dtype,
-                        param_dtype=jnp.float32, name=name)
+    return _DualLayerNorm(dtype=self.dtype, name=name)
 
   @nn.compact
   def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
@@ -260,32 +528,37 @@ class LongShortAttention(base.Attention):
     ln_global = self._dual_ln('ln_global') if r else None
 
     if self.causal:
-      parts = self._causal_parts(q, k_local, v_local, k_src, v_src, scores,
-                                 ln_global, padding_mask, chunk)
+      projected = self._causal_projected(k_src, v_src, scores, ln_global,
+                                         padding_mask, chunk) if r else None
+      left, right = w, 0
     else:
-      parts = self._bidirectional_parts(q, k_local, v_local, k_src, v_src,
-                                        scores, ln_global, padding_mask)
-    logits, valid, values = parts
+      projected = self._bidirectional_projected(
+          k_src, v_src, scores, ln_global, padding_mask) if r else None
+      left = right = window_extension(w)
+    window = (k_local, v_local, padding_mask) if w else None
+    slots = ((projected[0].shape[1] if r else 0)
+             + (left + w + right if w else 0))
 
-    probs = base.safe_softmax(jnp.concatenate(logits, -1),
-                              jnp.concatenate(valid, -1))
-    probs = probs * padding_mask[:, None, :, None]
+    dropout_mask = None
+    if not deterministic and self.dropout_rate > 0.0:
+      # The same draw as `base.attention_dropout` on the joint weights.
+      dropout_mask = jax.random.bernoulli(
+          self.make_rng('dropout'), 1.0 - self.dropout_rate,
+          (q.shape[0], self.num_heads, q.shape[1], slots))
+    config = _AttendConfig(window_size=w, left=left, right=right,
+                           causal=self.causal,
+                           keep_prob=1.0 - self.dropout_rate)
+    out, probs = _attend_recomputed(config, q, projected, window,
+                                    padding_mask, dropout_mask)
+
     if not self.is_initializing():
-      self.sow('intermediates', 'probs', probs)
+      self.sow('intermediates', 'probs', jnp.concatenate(probs, -1))
       if r and w:
         real = padding_mask[:, None, :].astype(jnp.float32)
-        mass = jnp.sum(probs[..., :logits[0].shape[-1]], -1)
+        mass = jnp.sum(probs[0], -1)
         self.sow('metrics', 'long_range_mass',
                  jnp.sum(mass * real) / jnp.maximum(
                      jnp.sum(real) * self.num_heads, 1.0))
-    probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
-
-    out = 0.0
-    start = 0
-    for logit, combine in zip(logits, values):
-      width = logit.shape[-1]
-      out = out + combine(probs[..., start:start + width])
-      start += width
 
     if self.conv_kernel_size:
       out = out + self._value_conv(v_local, padding_mask)
@@ -301,48 +574,19 @@ class LongShortAttention(base.Attention):
     compressed = jnp.einsum(pattern, weights, src.astype(jnp.float32))
     return ln_global(compressed).astype(self.dtype)
 
-  def _bidirectional_parts(self, q, k_local, v_local, k_src, v_src, scores,
-                           ln_global, padding_mask):
-    """Logits, validity masks and value combiners of the two key sets.
-
-    Each combiner maps its slice of the probabilities
-    `[batch, heads, length, slots]` to `[batch, length, heads, head_dim]`.
-    """
-    batch, length, heads, head_dim = q.shape
-    w, r = self.window_size, self.num_landmarks
-    logits, valid, values = [], [], []
-    if r:
-      # P: softmax over the sequence axis, padded positions excluded.
-      p = base.safe_softmax(scores, padding_mask[:, :, None, None], axis=1)
-      k_bar = self._project(k_src, p, ln_global, 'bnhr,bnhd->brhd')
-      v_bar = self._project(v_src, p, ln_global, 'bnhr,bnhd->brhd')
-      if not self.is_initializing():
-        self.sow('intermediates', 'projection', p)
-        self.sow('intermediates', 'compressed_keys', k_bar)
-      logits.append(jnp.einsum('bnhd,brhd->bhnr', q, k_bar,
-                               preferred_element_type=jnp.float32))
-      valid.append(jnp.ones((batch, 1, length, r), bool))
-      values.append(lambda a: jnp.einsum('bhnr,brhd->bnhd', a, v_bar))
-    if w:
-      e = window_extension(w)
-      groups, slots = length // w, w + 2 * e
-      q_tiles = q.reshape(batch, groups, w, heads, head_dim)
-      k_tiles = _tiles(k_local, w, e, e, 0)
-      v_tiles = _tiles(v_local, w, e, e, 0)
-      mask_tiles = _tiles(padding_mask, w, e, e, False)
-      win = jnp.einsum('bgqhd,bgkhd->bhgqk', q_tiles, k_tiles,
-                       preferred_element_type=jnp.float32)
-      logits.append(win.reshape(batch, heads, length, slots))
-      mask_tiles = jnp.broadcast_to(mask_tiles[:, None, :, None, :],
-                                    (batch, 1, groups, w, slots))
-      valid.append(mask_tiles.reshape(batch, 1, length, slots))
-
-      def combine_window(a):
-        a = a.reshape(batch, heads, groups, w, slots)
-        out = jnp.einsum('bhgqk,bgkhd->bgqhd', a, v_tiles)
-        return out.reshape(batch, length, heads, head_dim)
-      values.append(combine_window)
-    return logits, valid, values
+  def _bidirectional_projected(self, k_src, v_src, scores, ln_global,
+                               padding_mask):
+    """(K̄, V̄, validity) of the dynamic projection over the sequence."""
+    batch, length = k_src.shape[:2]
+    r = self.num_landmarks
+    # P: softmax over the sequence axis, padded positions excluded.
+    p = base.safe_softmax(scores, padding_mask[:, :, None, None], axis=1)
+    k_bar = self._project(k_src, p, ln_global, 'bnhr,bnhd->brhd')
+    v_bar = self._project(v_src, p, ln_global, 'bnhr,bnhd->brhd')
+    if not self.is_initializing():
+      self.sow('intermediates', 'projection', p)
+      self.sow('intermediates', 'compressed_keys', k_bar)
+    return k_bar, v_bar, jnp.ones((batch, 1, length, r), bool)
 
   def _value_conv(self, v_local: Array, padding_mask: Array) -> Array:
     """Depthwise convolution over the sequence of the masked values."""
@@ -363,56 +607,29 @@ class LongShortAttention(base.Attention):
 
   # -- causal ---------------------------------------------------------------
 
-  def _causal_parts(self, q, k_local, v_local, k_src, v_src, scores,
-                    ln_global, padding_mask, chunk):
-    """As `_bidirectional_parts`, for the autoregressive form."""
-    batch, length, heads, head_dim = q.shape
-    w, r = self.window_size, self.num_landmarks
-    logits, valid, values = [], [], []
-    if r:
-      n_chunks = length // chunk
-      chunk_mask = padding_mask.reshape(batch, n_chunks, chunk)
-      # P: softmax over the positions of each chunk, padded ones excluded.
-      p = base.safe_softmax(
-          scores.reshape(batch, n_chunks, chunk, heads, r),
-          chunk_mask[..., None, None], axis=2)
+  def _causal_projected(self, k_src, v_src, scores, ln_global, padding_mask,
+                        chunk):
+    """(K̄, V̄, validity) of the per-chunk projections (causal form)."""
+    batch, length, heads, head_dim = k_src.shape
+    r = self.num_landmarks
+    n_chunks = length // chunk
+    chunk_mask = padding_mask.reshape(batch, n_chunks, chunk)
+    # P: softmax over the positions of each chunk, padded ones excluded.
+    p = base.safe_softmax(
+        scores.reshape(batch, n_chunks, chunk, heads, r),
+        chunk_mask[..., None, None], axis=2)
 
-      def compress(src):
-        src = src.reshape(batch, n_chunks, chunk, heads, head_dim)
-        out = self._project(src, p, ln_global, 'bclhr,bclhd->bcrhd')
-        return out.reshape(batch, n_chunks * r, heads, head_dim)
-      k_bar, v_bar = compress(k_src), compress(v_src)
-      if not self.is_initializing():
-        self.sow('intermediates', 'projection', p)
-        self.sow('intermediates', 'compressed_keys', k_bar)
-      logits.append(jnp.einsum('bnhd,bmhd->bhnm', q, k_bar,
-                               preferred_element_type=jnp.float32))
-      # Query chunk c sees the vectors of chunks < c that hold a real token.
-      key_chunk = jnp.arange(n_chunks * r) // r
-      query_chunk = jnp.arange(length) // chunk
-      earlier = key_chunk[None, :] < query_chunk[:, None]
-      chunk_real = jnp.repeat(jnp.any(chunk_mask, -1), r, axis=1)
-      valid.append(earlier[None, None] & chunk_real[:, None, None, :])
-      values.append(lambda a: jnp.einsum('bhnm,bmhd->bnhd', a, v_bar))
-    if w:
-      # Block g of w queries with keys [g w - w, g w + w): the previous block
-      # and its own; a band keeps keys [t - w + 1, t] of query t.
-      groups = length // w
-      q_tiles = q.reshape(batch, groups, w, heads, head_dim)
-      k_tiles = _tiles(k_local, w, w, 0, 0)
-      v_tiles = _tiles(v_local, w, w, 0, 0)
-      mask_tiles = _tiles(padding_mask, w, w, 0, False)
-      win = jnp.einsum('bgqhd,bgkhd->bhgqk', q_tiles, k_tiles,
-                       preferred_element_type=jnp.float32)
-      logits.append(win.reshape(batch, heads, length, 2 * w))
-      offset = jnp.arange(2 * w)[None, :] - jnp.arange(w)[:, None]
-      band = (offset >= 1) & (offset <= w)
-      mask_tiles = mask_tiles[:, None, :, None, :] & band[None, None, None]
-      valid.append(mask_tiles.reshape(batch, 1, length, 2 * w))
-
-      def combine_window(a):
-        a = a.reshape(batch, heads, groups, w, 2 * w)
-        out = jnp.einsum('bhgqk,bgkhd->bgqhd', a, v_tiles)
-        return out.reshape(batch, length, heads, head_dim)
-      values.append(combine_window)
-    return logits, valid, values
+    def compress(src):
+      src = src.reshape(batch, n_chunks, chunk, heads, head_dim)
+      out = self._project(src, p, ln_global, 'bclhr,bclhd->bcrhd')
+      return out.reshape(batch, n_chunks * r, heads, head_dim)
+    k_bar, v_bar = compress(k_src), compress(v_src)
+    if not self.is_initializing():
+      self.sow('intermediates', 'projection', p)
+      self.sow('intermediates', 'compressed_keys', k_bar)
+    # Query chunk c sees the vectors of chunks < c that hold a real token.
+    key_chunk = jnp.arange(n_chunks * r) // r
+    query_chunk = jnp.arange(length) // chunk
+    earlier = key_chunk[None, :] < query_chunk[:, None]
+    chunk_real = jnp.repeat(jnp.any(chunk_mask, -1), r, axis=1)
+    return k_bar, v_bar, earlier[None, None] & chunk_real[:, None, None, :]

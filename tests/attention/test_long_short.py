@@ -209,6 +209,37 @@ def test_matches_dense_reference(case):
   np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize('index', [1, 6, 8, 11])
+def test_gradients_match_finite_differences_of_dense_reference(index):
+  """Parameter and input gradients (recomputed core, DualLN backward)."""
+  case = dict(DENSE_CASES[index])
+  n = case.pop('n')
+  x, mask = _inputs(n, seed=index)
+  layer = _layer(**case)
+  variables = _init(layer, x, mask)
+  case.pop('use_bias', None)
+  rng = np.random.RandomState(index)
+  w = rng.standard_normal((3, n, FEATURES))
+  d_params = jax.tree.map(lambda a: rng.standard_normal(a.shape),
+                          variables['params'])
+  d_x = rng.standard_normal(x.shape)
+  grads = jax.jit(jax.grad(
+      lambda v, a: jnp.sum(w * layer.apply(v, a, padding_mask=mask)),
+      argnums=(0, 1)))(variables, jnp.asarray(x))
+  analytic = float(np.sum(np.asarray(grads[1], np.float64) * d_x)) + sum(
+      float(np.sum(np.asarray(g, np.float64) * e)) for g, e in zip(
+          jax.tree.leaves(grads[0]['params']), jax.tree.leaves(d_params)))
+
+  def loss(t):
+    v = {'params': jax.tree.map(
+        lambda a, e: np.asarray(a, np.float64) + t * e, variables['params'],
+        d_params)}
+    return float(np.sum(w * dense_long_short(v, x + t * d_x, mask, **case)))
+  step = 1e-5
+  numeric = (loss(step) - loss(-step)) / (2 * step)
+  np.testing.assert_allclose(analytic, numeric, rtol=1e-3, atol=1e-3)
+
+
 # ----------------------------------------------------- weights and support
 
 
