@@ -12,7 +12,7 @@ written by `python -m lra_msmra.data.prepare`)::
 
 Difficulties: 'easy' = curv_baseline, 'intermediate' = curv_contour_length_9,
 'hard' = curv_contour_length_14. LRA's "Path" is pathfinder32 hard, Path-X is
-pathfinder128 hard (issue #11).
+pathfinder128 hard (LRA repository issue #11).
 
 No Beam or TFDS build step: we reproduce what LRA's TFDS builder and loader
 do with these files (`data/pathfinder.py`, `image/input_pipeline.py`):
