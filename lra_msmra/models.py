@@ -22,7 +22,7 @@ Two initialisation styles are available:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 from flax.core import FrozenDict

@@ -30,10 +30,8 @@ import json
 import os
 import signal
 import threading
-import time
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from absl import logging
 import flax
 import flax.linen as nn
 import jax

@@ -1,6 +1,5 @@
 """Schedules and optimizers of the LRA, Xiong et al. and CST protocols."""
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np

@@ -125,7 +125,7 @@ def test_corrupted_latest_checkpoint_falls_back(tmp_path, reference):
       with open(path, 'r+b') as fh:
         fh.truncate(max(os.path.getsize(path) // 2, 1))
   second = run(tmp_path, STEPS, 4)
-  assert f'Checkpoint' in second.stdout and 'falling back' in second.stdout
+  assert 'Checkpoint' in second.stdout and 'falling back' in second.stdout
   assert 'Resumed from step' in second.stdout
   assert_same_run(tmp_path, reference)
 

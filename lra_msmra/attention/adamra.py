@@ -525,7 +525,6 @@ class AdaMRAAttention(base.Attention):
       v = self._dense(qkv, 'value')(x)
       router_in = q
     choice, gate = self._route(router_in, mask)  # [b, n], [b, n, H]
-    num_res = len(lengths)
 
     # Key side: every head's summaries sum_j phi(k~_j) v~_j^T and
     # sum_j phi(k~_j), small arrays without a length axis.

@@ -19,7 +19,7 @@ its output to every attention layer as the keyword argument `shared`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -150,6 +150,38 @@ def safe_softmax(logits: Array, valid: Array, axis: int = -1) -> Array:
   unnorm = jnp.exp(masked - row_max)
   total = jnp.sum(unnorm, axis=axis, keepdims=True)
   return unnorm / jnp.where(total > 0, total, 1.0)
+
+
+def safe_softmax_parts(logits: Sequence[Array], valid: Sequence[Array]
+                       ) -> list[Array]:
+  """`safe_softmax` over the last axis of the concatenated `logits`, in parts.
+
+  The parts share their leading axes; one row maximum and one row total over
+  all of them (a multi-part log-sum-exp) give the weights of the
+  concatenation without building it, so no second copy of the logits or of
+  their masks exists. Same numerics as `safe_softmax`: float32, zeros for
+  rows without a valid entry, finite gradients.
+
+  Args:
+    logits: the parts `[..., keys_p]`.
+    valid: bool, one per part, broadcastable to it.
+
+  Returns:
+    float32 weights, one array per part.
+  """
+  masked = [jnp.where(m, l.astype(jnp.float32), -jnp.inf)
+            for l, m in zip(logits, valid)]
+  row_max = masked[0].max(-1, keepdims=True)
+  for m in masked[1:]:
+    row_max = jnp.maximum(row_max, m.max(-1, keepdims=True))
+  row_max = jax.lax.stop_gradient(
+      jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+  unnorm = [jnp.exp(m - row_max) for m in masked]
+  total = unnorm[0].sum(-1, keepdims=True)
+  for u in unnorm[1:]:
+    total = total + u.sum(-1, keepdims=True)
+  total = jnp.where(total > 0, total, 1.0)
+  return [u / total for u in unnorm]
 
 
 def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:

@@ -214,41 +214,19 @@ def _weigh(pattern: str, weights: Array, values: Array) -> Array:
   return jnp.einsum(pattern, weights.astype(values.dtype), values)
 
 
-def _masked(logits: Array, valid: Array) -> Array:
-  """float32 logits with -inf at invalid entries (`valid` broadcasts)."""
-  return jnp.where(valid, logits.astype(jnp.float32), -jnp.inf)
-
-
-def _split_softmax(parts: tuple[Array, ...]) -> tuple[Array, ...]:
-  """`base.safe_softmax` of the concatenation of `parts`, returned split.
-
-  Every part is float32 `[..., terms_p]` with -inf at masked entries, the
-  leading axes equal. The normaliser is the multi-part log-sum-exp (the
-  maximum of the parts' maxima, the sum of the parts' sums), so no
-  concatenated copy of the logits (or of their validity) is ever built; rows
-  whose entries are all masked give zeros, as in `base.safe_softmax`.
-  """
-  row_max = parts[0].max(axis=-1, keepdims=True)
-  for p in parts[1:]:
-    row_max = jnp.maximum(row_max, p.max(axis=-1, keepdims=True))
-  row_max = lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
-  unnorm = [jnp.exp(p - row_max) for p in parts]
-  total = sum(u.sum(axis=-1, keepdims=True) for u in unnorm)
-  total = jnp.where(total > 0, total, 1.0)
-  return tuple(u / total for u in unnorm)
-
-
 def _joint(terms: list[_Term], ctx: _Ctx) -> Array:
   """One softmax over all terms of each query (paper Eq. 9), then the sum.
 
-  The terms stay separate arrays (`_split_softmax`): concatenating them would
-  add a second copy of every query's logits and of its validity mask.
+  The terms stay separate arrays (`base.safe_softmax_parts`): concatenating
+  them would add a second copy of every query's logits and of its validity
+  mask.
   """
   if ctx.probe == 'coverage':
     weights = [jnp.broadcast_to(t.valid, t.logits.shape).astype(jnp.float32)
                for t in terms]
   else:
-    weights = _split_softmax(tuple(_masked(t.logits, t.valid) for t in terms))
+    weights = base.safe_softmax_parts([t.logits for t in terms],
+                                      [t.valid for t in terms])
   out = None
   for term, w in zip(terms, weights):
     if term.direct:

@@ -102,7 +102,7 @@ Memory layout (the function is unchanged; only what is stored differs)
   which together are exactly the keys [g w - left, (g + 1) w + right). Only
   those e-wide (causal: w-wide) edges are copied, not a 2x tile of K and V.
 * The joint softmax is taken over the parts without concatenating them
-  (`_joint_safe_softmax`: shared row maximum and total).
+  (`base.safe_softmax_parts`: shared row maximum and total).
 * The attention core (`_attend`, heads-major so that its products are
   batched matmuls) keeps only its inputs and output for the backward pass,
   which recomputes it (`_attend_recomputed`): no logits, weights or window
@@ -131,7 +131,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -263,29 +263,6 @@ def _neighbours(blocks: Array, left: int, right: int, fill, axis: int
   return before, after
 
 
-def _joint_safe_softmax(logits: list[Array], valid: list[Array]
-                        ) -> list[Array]:
-  """`base.safe_softmax` over the concatenation of `logits`, kept in parts.
-
-  One shared row maximum and row total over all parts, so the result equals
-  the safe softmax of the concatenated logits (to float32 round-off in the
-  total) without materialising the concatenation.
-  """
-  masked = [jnp.where(m, l.astype(jnp.float32), -jnp.inf)
-            for l, m in zip(logits, valid)]
-  row_max = masked[0].max(-1, keepdims=True)
-  for m in masked[1:]:
-    row_max = jnp.maximum(row_max, m.max(-1, keepdims=True))
-  row_max = jax.lax.stop_gradient(
-      jnp.where(jnp.isfinite(row_max), row_max, 0.0))
-  unnorm = [jnp.exp(m - row_max) for m in masked]
-  total = unnorm[0].sum(-1, keepdims=True)
-  for u in unnorm[1:]:
-    total = total + u.sum(-1, keepdims=True)
-  total = jnp.where(total > 0, total, 1.0)
-  return [u / total for u in unnorm]
-
-
 def _attend(q: Array, projected, window, query_mask: Array,
             dropout_mask: Optional[Array], *, window_size: int, left: int,
             right: int, causal: bool, keep_prob: float
@@ -354,7 +331,7 @@ def _attend(q: Array, projected, window, query_mask: Array,
     m_tiles = jnp.broadcast_to(m_tiles, (batch, 1, groups, w, slots))
     valid.append(m_tiles.reshape(batch, 1, length, slots))
 
-  probs = _joint_safe_softmax(logits, valid)
+  probs = base.safe_softmax_parts(logits, valid)
   probs = [p * query_mask[:, None, :, None] for p in probs]
   weights = probs
   if dropout_mask is not None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import os
 import sys
 import time
@@ -418,10 +417,10 @@ def markdown(report: Mapping[str, Any]) -> str:
       f'{env["cpu_count"]} cores',
       f'- Shapes: batch {s["batch"]}, width {s["features"]}, '
       f'{s["heads"]} heads of {s["head_dim"]}, dtype {s["dtype"]}; '
-      f'all-real padding mask; dropout off',
-      f'- Versions: ' + ', '.join(f'{k} {v}' for k, v in
+      'all-real padding mask; dropout off',
+      '- Versions: ' + ', '.join(f'{k} {v}' for k, v in
                                    env['versions'].items() if v),
-      f'- Load average (1, 5, 15 min) at start: '
+      '- Load average (1, 5, 15 min) at start: '
       + ', '.join(f'{x:.2f}' for x in env['load_average'])
       + '; at end: ' + ', '.join(f'{x:.2f}' for x in
                                   report['load_average_end']),
