@@ -43,7 +43,7 @@ import importlib.util
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from lra_msmra.benchmark import common
 
@@ -272,16 +272,11 @@ def _payload(args, spec: common.Spec, backend: str, mode: str, length: int
           'check_length': args.torch_check_length}
 
 
-def _log(msg: str) -> None:
-  print(msg, flush=True)
-
-
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
   """Measures every point and returns the report data."""
   env = common.environment()
   available = env['memory_available_bytes']
-  budget = (args.memory_budget_gb * common.GIB if args.memory_budget_gb
-            else (0.9 * available if available else None))
+  budget = common.memory_budget(args.memory_budget_gb, available)
   torch_note = None
   backends = ['jax']
   if args.torch == 'off':
@@ -295,7 +290,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     torch_note = ('PyTorch comparison skipped: torch is not installed '
                   '(pip install torch to enable it).')
   if torch_note:
-    _log(torch_note)
+    common.log(torch_note)
 
   records, checks = [], {}
   for spec in args.specs:
@@ -304,7 +299,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           MODULE, _payload(args, spec, 'torch', 'check', 0),
           memory_budget_bytes=budget, timeout_s=args.timeout_s)
       checks[spec.label] = check
-      _log(f'[{spec.label}] torch check: {check.get("status")} '
+      common.log(f'[{spec.label}] torch check: {check.get("status")} '
            f'{check.get("max_abs_diff", check.get("reason", ""))}')
     history: dict[tuple[str, str], list[tuple[int, float]]] = {}
     blocked: dict[str, str] = {}
@@ -329,10 +324,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                               f'{check.get("reason", "")}')
           elif key in blocked:
             rec.update(status='skipped', reason=blocked[key])
-          elif budget and predicted and predicted > budget:
+          elif common.over_budget(predicted, budget):
             rec.update(status='skipped', predicted_peak_bytes=predicted,
-                       reason=f'predicted peak {predicted / common.GIB:.1f} '
-                              f'GiB > budget {budget / common.GIB:.1f} GiB')
+                       reason=common.over_budget(predicted, budget))
           else:
             result = common.run_worker(
                 MODULE, _payload(args, spec, backend, mode, length),
@@ -344,10 +338,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             history.setdefault(key, []).append(
                 (length, rec['process_peak_bytes']))
           elif key not in blocked:
-            blocked[key] = (f'not run: length {length} was '
-                            f'{rec["status"]} ({rec.get("reason", "")})')
+            blocked[key] = common.not_run_reason(length, rec)
           records.append(rec)
-          _log(_describe(rec))
+          common.log(_describe(rec))
   end_load = list(os.getloadavg())
   return {
       'command': common.command_line(argv, MODULE),
@@ -383,12 +376,6 @@ def _index(records):
           for r in records}
 
 
-def _ok(rec: Optional[Mapping[str, Any]], field: str) -> Optional[float]:
-  if rec is None or rec.get('status') != 'ok':
-    return None
-  return rec.get(field)
-
-
 def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
   return None if a is None or b is None or b == 0 else a / b
 
@@ -398,6 +385,27 @@ def _cell_missing(rec: Optional[Mapping[str, Any]]) -> str:
     return '—'
   return {'skipped': 'skipped', 'failed': 'failed',
           'unsupported': 'n/a'}.get(rec.get('status'), '—')
+
+
+def _length_table(idx, mechs, lengths, backend: str, mode: str,
+                  field: str, cell: Callable[[str, str, int, float], str]
+                  ) -> str:
+  """A row per mechanism, a column per length, of one measured field.
+
+  `cell(mode, mechanism, length, value)` formats a measured point's
+  `field`; points without it show why (`_cell_missing`).
+  """
+  rows = []
+  for m in mechs:
+    row = [f'`{m}`']
+    for n in lengths:
+      rec = idx.get((m, backend, mode, n))
+      value = common.ok_value(rec, field)
+      row.append(_cell_missing(rec) if value is None
+                 else cell(mode, m, n, value))
+    rows.append(row)
+  return common.markdown_table(['mechanism'] + [str(n) for n in lengths],
+                               rows)
 
 
 def markdown(report: Mapping[str, Any]) -> str:
@@ -432,69 +440,41 @@ def markdown(report: Mapping[str, Any]) -> str:
       'one process per point; device peak on GPU/TPU).', '']
   if not has_base:
     lines += [f'Baseline `{base}` was not measured: no ratios.', '']
-  for mode in s['modes']:
-    rows = []
-    for m in mechs:
-      row = [f'`{m}`']
-      for n in lengths:
-        rec = idx.get((m, 'jax', mode, n))
-        t = _ok(rec, 'time_s')
-        if t is None:
-          row.append(_cell_missing(rec))
-          continue
-        speedup = _div(_ok(idx.get((base, 'jax', mode, n)), 'time_s'), t)
-        row.append(common.fmt_time(t) + (
-            f' ({common.fmt_ratio(speedup, 1)})' if speedup and m != base
-            else ''))
-      rows.append(row)
-    lines += [f'## {MODE_NAMES[mode].capitalize()} time '
-              f'(speed-up over `{base}` in this run)', '',
-              common.markdown_table(['mechanism'] + [str(n) for n in lengths],
-                                    rows), '']
-  for mode in s['modes']:
-    rows = []
-    for m in mechs:
-      row = [f'`{m}`']
-      for n in lengths:
-        rec = idx.get((m, 'jax', mode, n))
-        b = _ok(rec, 'net_peak_bytes')
-        if b is None:
-          row.append(_cell_missing(rec))
-          continue
-        frac = _div(b, _ok(idx.get((base, 'jax', mode, n)),
-                           'net_peak_bytes'))
-        row.append(common.fmt_bytes(b) + (
-            f' ({frac:.3f} of `{base}`)' if frac is not None and m != base
-            else ''))
-      rows.append(row)
-    lines += [f'## {MODE_NAMES[mode].capitalize()} net peak memory', '',
-              common.markdown_table(['mechanism'] + [str(n) for n in lengths],
-                                    rows), '']
-  for mode in s['modes']:
-    rows = []
-    for m in mechs:
-      row = [f'`{m}`']
-      for n in lengths:
-        rec = idx.get((m, 'jax', mode, n))
-        f, t = _ok(rec, 'flops'), _ok(rec, 'time_s')
-        if f is None:
-          row.append(_cell_missing(rec))
-          continue
-        row.append(f'{common.fmt_flops(f)}, {f / t / 1e9:.1f} GFLOP/s')
-      rows.append(row)
-    lines += [f'## {MODE_NAMES[mode].capitalize()} matmul FLOPs and achieved '
-              'rate', '',
-              common.markdown_table(['mechanism'] + [str(n) for n in lengths],
-                                    rows), '']
+  def base_value(mode, n, field):
+    return common.ok_value(idx.get((base, 'jax', mode, n)), field)
+
+  def time_cell(mode, m, n, t):
+    speedup = _div(base_value(mode, n, 'time_s'), t)
+    return common.fmt_time(t) + (
+        f' ({common.fmt_ratio(speedup, 1)})' if speedup and m != base else '')
+
+  def memory_cell(mode, m, n, b):
+    frac = _div(b, base_value(mode, n, 'net_peak_bytes'))
+    return common.fmt_bytes(b) + (
+        f' ({frac:.3f} of `{base}`)' if frac is not None and m != base
+        else '')
+
+  def flops_cell(mode, m, n, f):
+    t = common.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
+    return f'{common.fmt_flops(f)}, {f / t / 1e9:.1f} GFLOP/s'
+
+  for title, field, cell in (
+      (f'time (speed-up over `{base}` in this run)', 'time_s', time_cell),
+      ('net peak memory', 'net_peak_bytes', memory_cell),
+      ('matmul FLOPs and achieved rate', 'flops', flops_cell)):
+    for mode in s['modes']:
+      lines += [f'## {MODE_NAMES[mode].capitalize()} {title}', '',
+                _length_table(idx, mechs, lengths, 'jax', mode, field, cell),
+                '']
   longer = [n for n in lengths if n > s.get('growth_from', 4096)]
   ref = report.get('growth_from', 4096)
   if ref in lengths and longer:
     for mode in s['modes']:
       rows = []
       for m in mechs:
-        t0 = _ok(idx.get((m, 'jax', mode, ref)), 'time_s')
+        t0 = common.ok_value(idx.get((m, 'jax', mode, ref)), 'time_s')
         rows.append([f'`{m}`'] + [
-            common.fmt_ratio(_div(_ok(idx.get((m, 'jax', mode, n)),
+            common.fmt_ratio(_div(common.ok_value(idx.get((m, 'jax', mode, n)),
                                       'time_s'), t0), 1) for n in longer])
       lines += [f'## {MODE_NAMES[mode].capitalize()} time growth from '
                 f'N={ref}', '',
@@ -504,7 +484,8 @@ def markdown(report: Mapping[str, Any]) -> str:
   for m in mechs:
     for mode in s['modes']:
       rows.append([f'`{m}`', mode] + [
-          common.fmt_time(_ok(idx.get((m, 'jax', mode, n)), 'compile_s'))
+          common.fmt_time(common.ok_value(idx.get((m, 'jax', mode, n)),
+                                          'compile_s'))
           for n in lengths])
   lines += ['## Compile time', '',
             common.markdown_table(['mechanism', 'mode'] + [
@@ -543,24 +524,15 @@ def _torch_section(report, idx, mechs, lengths) -> list[str]:
             '', common.markdown_table(['mechanism', 'length',
                                        'max |JAX - PyTorch|', 'relative'],
                                       rows), '']
+  def torch_cell(mode, m, n, tt):
+    tj = common.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
+    return f'{common.fmt_time(tt)} (JAX {common.fmt_ratio(_div(tt, tj), 2)})'
+
   for mode in s['modes']:
-    rows = []
-    for m in mechs:
-      row = [f'`{m}`']
-      for n in lengths:
-        tj = _ok(idx.get((m, 'jax', mode, n)), 'time_s')
-        rec = idx.get((m, 'torch', mode, n))
-        tt = _ok(rec, 'time_s')
-        if tt is None:
-          row.append(_cell_missing(rec))
-          continue
-        row.append(f'{common.fmt_time(tt)} (JAX '
-                   f'{common.fmt_ratio(_div(tt, tj), 2)})')
-      rows.append(row)
     lines += [f'### PyTorch {MODE_NAMES[mode]} time (JAX speed-up over '
               'PyTorch: > 1× means JAX is faster)', '',
-              common.markdown_table(['mechanism'] + [str(n) for n in lengths],
-                                    rows), '']
+              _length_table(idx, mechs, lengths, 'torch', mode, 'time_s',
+                            torch_cell), '']
   return lines
 
 
@@ -578,7 +550,7 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
         for backend in s['backends']:
           pts = []
           for n in s['lengths']:
-            v = _ok(idx.get((m, backend, mode, n)), field)
+            v = common.ok_value(idx.get((m, backend, mode, n)), field)
             if v is not None and field == 'net_peak_bytes':
               v = v / common.MIB
             pts.append((n, v))
@@ -611,7 +583,7 @@ def main(argv: Sequence[str]) -> None:
   with open(os.path.join(args.out, 'attention.md'), 'w') as f:
     f.write(markdown(report) + '\n')
   plot(report, args.out)
-  _log(f'Wrote attention.json, attention.md and plots to {args.out}')
+  common.log(f'Wrote attention.json, attention.md and plots to {args.out}')
 
 
 if __name__ == '__main__':

@@ -307,6 +307,40 @@ def predict_bytes(history: Sequence[tuple[int, float]], length: int,
   return b1 * (length / n1) ** exponent
 
 
+def memory_budget(budget_gb: Optional[float], available: Optional[float]
+                  ) -> Optional[float]:
+  """Bytes a point may use: `budget_gb` if given, else 90 % of `available`."""
+  if budget_gb:
+    return budget_gb * GIB
+  return 0.9 * available if available else None
+
+
+def over_budget(predicted: Optional[float], budget: Optional[float]
+                ) -> Optional[str]:
+  """The skip reason when the predicted peak is over the budget, else None."""
+  if budget and predicted and predicted > budget:
+    return (f'predicted peak {predicted / GIB:.1f} GiB > budget '
+            f'{budget / GIB:.1f} GiB')
+  return None
+
+
+def not_run_reason(length: int, rec: Mapping[str, Any]) -> str:
+  """Why the longer lengths after a failed or skipped point are not run."""
+  return (f'not run: length {length} was {rec["status"]} '
+          f'({rec.get("reason", "")})')
+
+
+def ok_value(rec: Optional[Mapping[str, Any]], field: str) -> Optional[float]:
+  """`rec[field]` of a measured point; None if missing or not measured."""
+  if rec is None or rec.get('status') != 'ok':
+    return None
+  return rec.get(field)
+
+
+def log(msg: str) -> None:
+  print(msg, flush=True)
+
+
 # ------------------------------------------------------------------ timing
 
 

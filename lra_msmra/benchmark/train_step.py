@@ -35,7 +35,7 @@ import functools
 import os
 import sys
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from lra_msmra.benchmark import common
 
@@ -172,15 +172,10 @@ def _worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   return result
 
 
-def _log(msg: str) -> None:
-  print(msg, flush=True)
-
-
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
   env = common.environment()
   available = env['memory_available_bytes']
-  budget = (args.memory_budget_gb * common.GIB if args.memory_budget_gb
-            else (0.9 * available if available else None))
+  budget = common.memory_budget(args.memory_budget_gb, available)
   records = []
   for spec in args.specs:
     path = config_path(args.config_dir, args.task, spec.name)
@@ -193,10 +188,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
       predicted = common.predict_bytes(history, length)
       if blocked:
         rec.update(status='skipped', reason=blocked)
-      elif budget and predicted and predicted > budget:
+      elif common.over_budget(predicted, budget):
         rec.update(status='skipped', predicted_peak_bytes=predicted,
-                   reason=f'predicted peak {predicted / common.GIB:.1f} GiB '
-                          f'> budget {budget / common.GIB:.1f} GiB')
+                   reason=common.over_budget(predicted, budget))
       else:
         payload = {'config_path': path, 'options': args.options,
                    'kw': dict(spec.kw), 'length': length,
@@ -209,11 +203,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
       if rec['status'] == 'ok':
         history.append((length, rec['process_peak_bytes']))
       elif not blocked:
-        blocked = (f'not run: length {length} was {rec["status"]} '
-                   f'({rec.get("reason", "")})')
+        blocked = common.not_run_reason(length, rec)
       records.append(rec)
       head = f'[{spec.label}] N={length}: '
-      _log(head + (f'{rec["steps_per_s"]:.3f} steps/s, net peak '
+      common.log(head + (f'{rec["steps_per_s"]:.3f} steps/s, net peak '
                    f'{common.fmt_bytes(rec["net_peak_bytes"])}'
                    if rec['status'] == 'ok' else
                    f'{rec["status"]} ({rec.get("reason", "")})'))
@@ -226,12 +219,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                        'baseline': args.baseline,
                        'memory_budget_bytes': budget},
           'records': records}
-
-
-def _ok(rec: Optional[Mapping[str, Any]], field: str) -> Optional[float]:
-  if rec is None or rec.get('status') != 'ok':
-    return None
-  return rec.get(field)
 
 
 def markdown(report: Mapping[str, Any]) -> str:
@@ -269,11 +256,11 @@ def markdown(report: Mapping[str, Any]) -> str:
       row = [f'`{m}`']
       for n in lengths:
         rec = idx.get((m, n))
-        v = _ok(rec, field)
+        v = common.ok_value(rec, field)
         if v is None:
           row.append(rec['status'] if rec else '—')
           continue
-        b = _ok(idx.get((base, n)), field)
+        b = common.ok_value(idx.get((base, n)), field)
         rel = relative(v, b) if b and m != base else None
         row.append(fmt(v) + (f' ({rel:.2f}×)' if rel is not None else ''))
       rows.append(row)
@@ -309,7 +296,7 @@ def plot(report: Mapping[str, Any], path: str) -> None:
     for m in s['mechanisms']:
       pts = []
       for n in s['lengths']:
-        v = _ok(idx.get((m, n)), field)
+        v = common.ok_value(idx.get((m, n)), field)
         pts.append((n, None if v is None else v / scale))
       series.append({'label': m, 'points': pts, 'color_key': m})
     panels.append({'title': ylabel, 'ylabel': ylabel, 'series': series})
@@ -329,7 +316,7 @@ def main(argv: Sequence[str]) -> None:
   with open(os.path.join(args.out, 'train_step.md'), 'w') as f:
     f.write(markdown(report) + '\n')
   plot(report, os.path.join(args.out, 'train_step.png'))
-  _log(f'Wrote train_step.json, train_step.md and train_step.png to '
+  common.log(f'Wrote train_step.json, train_step.md and train_step.png to '
        f'{args.out}')
 
 
