@@ -59,25 +59,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# Quotes one argument for a POSIX shell, only where needed.
-quote() {
-  if [[ "$1" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-    printf '%s' "$1"
-  else
-    printf "'%s'" "${1//\'/\'\\\'\'}"
-  fi
-}
-
-# Joins arguments into one shell-quoted command line.
-join_quoted() {
-  local out='' arg
-  for arg in "$@"; do
-    out+="${out:+ }$(quote "$arg")"
-  done
-  printf '%s\n' "$out"
-}
-
-fail() { echo "launch/multi_gpu.sh: $*" >&2; exit 2; }
+# quote, join_quoted, fail.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 [[ -n "${CONFIG:-}" ]] || fail 'set CONFIG, e.g. CONFIG=configs/listops/cst.py'
 [[ -n "${WORKDIR:-}" ]] || fail 'set WORKDIR, the run folder'

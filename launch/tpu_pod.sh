@@ -69,25 +69,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#steps[@]} -gt 0 ]] || { usage >&2; exit 2; }
 
-# Quotes one argument for a POSIX shell, only where needed.
-quote() {
-  if [[ "$1" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-    printf '%s' "$1"
-  else
-    printf "'%s'" "${1//\'/\'\\\'\'}"
-  fi
-}
-
-# Joins arguments into one shell-quoted command line.
-join_quoted() {
-  local out='' arg
-  for arg in "$@"; do
-    out+="${out:+ }$(quote "$arg")"
-  done
-  printf '%s\n' "$out"
-}
-
-fail() { echo "launch/tpu_pod.sh: $*" >&2; exit 2; }
+# quote, join_quoted, fail.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 cd "$(dirname "$0")/.."
 [[ -n "${TPU_NAME:-}" ]] || fail 'set TPU_NAME, the name of the slice'
