@@ -1,9 +1,6 @@
 """Attention benchmark: a small end-to-end run, spec parsing, FLOP counts."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,9 +9,8 @@ import pytest
 from lra_msmra.benchmark import attention
 from lra_msmra.benchmark import common
 from lra_msmra.benchmark import flops
+from tests.benchmark import run_benchmark
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
 MECHANISMS = ['softmax', 'cst:slice_length=4']
 LENGTHS = [16, 32]
 
@@ -22,16 +18,9 @@ LENGTHS = [16, 32]
 @pytest.fixture(scope='module')
 def bench_dir(tmp_path_factory):
   out = tmp_path_factory.mktemp('attention')
-  cmd = [sys.executable, '-m', 'lra_msmra.benchmark.attention',
-         '--mechanisms', ','.join(MECHANISMS),
-         '--lengths', ','.join(map(str, LENGTHS)), '--batch', '1',
-         '--features', '16', '--heads', '2', '--repeats', '2',
-         '--torch', 'off', '--memory_budget_gb', '8', '--out', str(out)]
-  # Workers are separate processes: fast compiles through the environment.
-  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='1')
-  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                        timeout=600, env=env)
-  assert done.returncode == 0, done.stderr[-3000:]
+  run_benchmark('lra_msmra.benchmark.attention', MECHANISMS, LENGTHS, out,
+                '--batch', '1', '--features', '16', '--heads', '2',
+                '--repeats', '2', '--torch', 'off')
   return out
 
 

@@ -2,15 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from lra_msmra.benchmark import train_step
+from tests.benchmark import run_benchmark
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
 MECHANISMS = ['softmax', 'cst:slice_length=4']
 LENGTHS = [16, 32]
 
@@ -18,16 +15,8 @@ LENGTHS = [16, 32]
 @pytest.fixture(scope='module')
 def bench_dir(tmp_path_factory):
   out = tmp_path_factory.mktemp('train_step')
-  cmd = [sys.executable, '-m', 'lra_msmra.benchmark.train_step',
-         '--mechanisms', ','.join(MECHANISMS),
-         '--lengths', ','.join(map(str, LENGTHS)), '--options', 'runlocal',
-         '--batch', '2', '--repeats', '2', '--memory_budget_gb', '8',
-         '--out', str(out)]
-  # Workers are separate processes: fast compiles through the environment.
-  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='1')
-  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                        timeout=600, env=env)
-  assert done.returncode == 0, done.stderr[-3000:]
+  run_benchmark('lra_msmra.benchmark.train_step', MECHANISMS, LENGTHS, out,
+                '--options', 'runlocal', '--batch', '2', '--repeats', '2')
   return out
 
 
