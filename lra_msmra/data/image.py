@@ -159,9 +159,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   length = config.data.pad_to_length or SIDE * SIDE
   splits = {name: _source(data[spec], spec, length)
             for name, spec in SPLITS.items()}
-  window = BATCH_SHUFFLE_WINDOW if config.data.shuffle == 'batches' else 0
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,
-                                      window)
+                                      BATCH_SHUFFLE_WINDOW)
   zero = float(np.mean(splits['test'].arrays['inputs'] == 0))
   notes = {
       'data': origin,

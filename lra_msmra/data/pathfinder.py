@@ -405,8 +405,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     sources[name] = pipeline.ArraySource({'inputs': tokens,
                                           'targets': labels})
     counts[name] = len(labels)
-  window = BATCH_SHUFFLE_WINDOW if data.shuffle == 'batches' else 0
-  train = pipeline.with_train_shuffle(sources['train'], data.shuffle, window)
+  train = pipeline.with_train_shuffle(sources['train'], data.shuffle,
+                                      BATCH_SHUFFLE_WINDOW)
   zero = float(np.mean(sources['test'].arrays['inputs'] == 0))
   notes = {
       'data_dir': folder,

@@ -133,8 +133,16 @@ class ShuffledSource:
 
 def with_train_shuffle(source: Source, level: str, window: int = 0
                        ) -> ShuffledSource:
-  """Tags a training split with its shuffle order (`TrainShuffle`)."""
-  return ShuffledSource(source, TrainShuffle(level, window))
+  """Tags a training split with its shuffle order (`TrainShuffle`).
+
+  Args:
+    source: the training split.
+    level: `config.data.shuffle`.
+    window: batches per shuffle window, used only when `level` is
+      'batches' (the task's LRA buffer size); other levels get 0.
+  """
+  return ShuffledSource(
+      source, TrainShuffle(level, window if level == 'batches' else 0))
 
 
 class TrainBatches:

@@ -230,9 +230,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     splits[name] = pipeline.RaggedSource(
         {'inputs': texts1, 'inputs2': texts2}, {'targets': labels},
         length=length, id_offset=1)
-  window = BATCH_SHUFFLE_WINDOW if config.data.shuffle == 'batches' else 0
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,
-                                      window)
+                                      BATCH_SHUFFLE_WINDOW)
   notes = {
       'data_dir': data_dir,
       'generated': generated,

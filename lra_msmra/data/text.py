@@ -137,8 +137,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   length = config.data.pad_to_length or config.data.max_length
   train = _source(data['train'], 'train', length, config.data.max_length)
   test = _source(data['test'], 'test', length, config.data.max_length)
-  window = BATCH_SHUFFLE_WINDOW if config.data.shuffle == 'batches' else 0
-  train = pipeline.with_train_shuffle(train, config.data.shuffle, window)
+  train = pipeline.with_train_shuffle(train, config.data.shuffle,
+                                      BATCH_SHUFFLE_WINDOW)
   truncated = float(np.mean([len(t) > config.data.max_length
                              for t in data['test']['text']]))
   notes = {

@@ -78,3 +78,10 @@ def test_ragged_source_pads_truncates_and_offsets():
                                                   [0] * 5])
   np.testing.assert_array_equal(batch['targets'], [2, 0, 1])
   np.testing.assert_array_equal(src.lengths('inputs'), [3, 0, 5])
+
+
+def test_the_window_applies_to_batch_level_shuffling_only():
+  examples = pipeline.with_train_shuffle(_source(10), 'examples', 256)
+  assert examples.train_shuffle == pipeline.TrainShuffle('examples', 0)
+  batches = pipeline.with_train_shuffle(_source(10), 'batches', 256)
+  assert batches.train_shuffle == pipeline.TrainShuffle('batches', 256)
