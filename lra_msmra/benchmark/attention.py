@@ -73,18 +73,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                  choices=('float32', 'bfloat16'))
   p.add_argument('--modes', default=','.join(MODES),
                  help='comma-separated subset of fwd,fwd_bwd')
-  p.add_argument('--repeats', type=int, default=5,
-                 help='timed calls per point (median reported)')
-  p.add_argument('--warmup', type=int, default=1,
-                 help='untimed calls after compilation')
-  p.add_argument('--max_repeat_seconds', type=float, default=60.0,
-                 help='stop repeating after this much timed work (at least '
-                      '3 calls)')
-  p.add_argument('--timeout_s', type=float, default=1200.0,
-                 help='kill a point running longer (recorded as skipped)')
-  p.add_argument('--memory_budget_gb', type=float, default=None,
-                 help='skip points predicted to need more (GiB); default '
-                      '90%% of the memory available at start')
+  common.add_measurement_flags(p)
   p.add_argument('--torch', default='auto', choices=('auto', 'on', 'off'),
                  help='PyTorch comparison: auto = if importable')
   p.add_argument('--torch_check_length', type=int, default=256,

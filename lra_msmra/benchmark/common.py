@@ -307,6 +307,23 @@ def predict_bytes(history: Sequence[tuple[int, float]], length: int,
   return b1 * (length / n1) ** exponent
 
 
+def add_measurement_flags(parser) -> None:
+  """The flags both benchmark commands share: repeats, limits, budget."""
+  parser.add_argument('--repeats', type=int, default=5,
+                      help='timed calls per point (median reported)')
+  parser.add_argument('--warmup', type=int, default=1,
+                      help='untimed calls after compilation')
+  parser.add_argument('--max_repeat_seconds', type=float, default=60.0,
+                      help='stop repeating after this much timed work (at '
+                           'least 3 calls)')
+  parser.add_argument('--timeout_s', type=float, default=1200.0,
+                      help='kill a point running longer (recorded as '
+                           'skipped)')
+  parser.add_argument('--memory_budget_gb', type=float, default=None,
+                      help='skip points predicted to need more (GiB); '
+                           'default 90%% of the memory available at start')
+
+
 def memory_budget(budget_gb: Optional[float], available: Optional[float]
                   ) -> Optional[float]:
   """Bytes a point may use: `budget_gb` if given, else 90 % of `available`."""

@@ -77,12 +77,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--options', default='',
                  help='config options, e.g. xiong or cst (default: LRA)')
   p.add_argument('--batch', type=int, default=4)
-  p.add_argument('--repeats', type=int, default=5)
-  p.add_argument('--warmup', type=int, default=1)
-  p.add_argument('--max_repeat_seconds', type=float, default=60.0)
-  p.add_argument('--timeout_s', type=float, default=1200.0)
-  p.add_argument('--memory_budget_gb', type=float, default=None,
-                 help='default: 90%% of the memory available at start')
+  common.add_measurement_flags(p)
   p.add_argument('--baseline', default='softmax')
   p.add_argument('--config_dir', default=CONFIG_ROOT)
   args = p.parse_args(argv)
