@@ -204,3 +204,140 @@ def pad_to_multiple(x: Array, padding_mask: Array, multiple: int
   pad = [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2)
   return (jnp.pad(x, pad), jnp.pad(padding_mask, [(0, 0), (0, extra)]),
           length)
+
+
+# Queries per block of `blocked_attention`: a block's float32 scores against
+# 2,048 keys (4 x 4 heads x batch) stay around 16 MB, small enough to be
+# reused from one block to the next instead of allocated afresh.
+ATTENTION_QUERY_BLOCK = 128
+
+
+def blocked_attention(q: Array, k: Array, v: Array, key_valid: Array, *,
+                      causal: bool = False,
+                      block: int = ATTENTION_QUERY_BLOCK) -> Array:
+  """Softmax attention computed one block of queries at a time.
+
+  The same function as `einsum(safe_softmax(q . k, valid), v)` with
+  `valid = key_valid` (and key j <= query i if `causal`), but the scores
+  exist only for `block` queries at a time, in the forward and in the
+  backward pass: the backward pass recomputes each block's weights from the
+  saved per-row log-sum-exp (the memory layout of FlashAttention, Dao et
+  al. 2022). Rows without a valid key give zeros, as in `safe_softmax`.
+  There is no attention dropout here; a caller that drops attention weights
+  uses the unblocked form.
+
+  Args:
+    q: queries `[batch, q_len, heads, head_dim]`, already scaled.
+    k: keys `[batch, k_len, heads, head_dim]`.
+    v: values `[batch, k_len, heads, v_dim]`.
+    key_valid: bool `[batch, k_len]`, True = the key may be attended.
+    causal: also mask key j > query i (needs q_len == k_len).
+    block: queries per block; q_len need not be a multiple.
+
+  Returns:
+    `[batch, q_len, heads, v_dim]` in `v`'s dtype; scores, weights and
+    normalisers are float32.
+  """
+  if causal and q.shape[1] != k.shape[1]:
+    raise ValueError(
+        f'causal blocked_attention needs as many queries as keys, got '
+        f'{q.shape[1]} and {k.shape[1]}.')
+  if block < 1:
+    raise ValueError(f'block must be >= 1, got {block}.')
+  length = q.shape[1]
+  block = min(block, length)
+  extra = (-length) % block
+  if extra:
+    q = jnp.pad(q, [(0, 0), (0, extra), (0, 0), (0, 0)])
+  return _blocked_core(q, k, v, key_valid, causal, block)[:, :length]
+
+
+def _split_blocks(x: Array, block: int) -> Array:
+  """`[batch, n * block, ...] -> [n, batch, block, ...]`."""
+  return jnp.swapaxes(
+      x.reshape(x.shape[0], x.shape[1] // block, block, *x.shape[2:]), 0, 1)
+
+
+def _merge_blocks(x: Array) -> Array:
+  """Inverse of `_split_blocks`."""
+  x = jnp.swapaxes(x, 0, 1)
+  return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def _block_scores(q: Array, k: Array, key_valid: Array, causal: bool,
+                  start: Array) -> tuple[Array, Array]:
+  """Float32 scores `[batch, heads, block, keys]` of one block and their mask."""
+  scores = jnp.einsum('bqhd,bkhd->bhqk', q, k,
+                      preferred_element_type=jnp.float32)
+  valid = key_valid[:, None, None, :]
+  if causal:
+    rows = start + jnp.arange(q.shape[1])
+    valid = valid & (jnp.arange(k.shape[1])[None, :] <= rows[:, None])
+  return scores, valid
+
+
+def _blocked_forward(q, k, v, key_valid, causal, block):
+  """Returns (output, per-row log-sum-exp `[n, batch, heads, block, 1]`)."""
+
+  def one(args):
+    q_block, start = args
+    scores, valid = _block_scores(q_block, k, key_valid, causal, start)
+    masked = jnp.where(valid, scores, -jnp.inf)
+    row_max = jnp.max(masked, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    unnorm = jnp.exp(masked - row_max)
+    total = jnp.sum(unnorm, axis=-1, keepdims=True)
+    total = jnp.where(total > 0, total, 1.0)
+    out = jnp.einsum('bhqk,bkhd->bqhd', (unnorm / total).astype(v.dtype), v,
+                     preferred_element_type=jnp.float32)
+    return out.astype(v.dtype), row_max + jnp.log(total)
+
+  starts = jnp.arange(q.shape[1] // block) * block
+  out, lse = jax.lax.map(one, (_split_blocks(q, block), starts))
+  return _merge_blocks(out), lse
+
+
+def _blocked_backward(causal, block, residuals, g):
+  q, k, v, key_valid, out, lse = residuals
+  # d(out . g)/d(scores) = p * (g . v_k - sum_k p g . v_k); the subtracted
+  # term is g . out per row.
+  row_dot = jnp.einsum('bqhd,bqhd->bhq', g.astype(jnp.float32),
+                       out.astype(jnp.float32))[..., None]
+  row_dot = row_dot.reshape(*row_dot.shape[:2], -1, block, 1).transpose(
+      2, 0, 1, 3, 4)  # [n, batch, heads, block, 1], as the saved lse.
+
+  def step(carry, args):
+    dk, dv = carry
+    q_block, g_block, lse_block, dot_block, start = args
+    scores, valid = _block_scores(q_block, k, key_valid, causal, start)
+    p = jnp.where(valid, jnp.exp(scores - lse_block), 0.0)
+    dv = dv + jnp.einsum('bhqk,bqhd->bkhd', p, g_block,
+                         preferred_element_type=jnp.float32)
+    dp = jnp.einsum('bqhd,bkhd->bhqk', g_block, v,
+                    preferred_element_type=jnp.float32)
+    ds = p * (dp - dot_block)
+    dq = jnp.einsum('bhqk,bkhd->bqhd', ds, k,
+                    preferred_element_type=jnp.float32)
+    dk = dk + jnp.einsum('bhqk,bqhd->bkhd', ds, q_block,
+                         preferred_element_type=jnp.float32)
+    return (dk, dv), dq.astype(q.dtype)
+
+  starts = jnp.arange(q.shape[1] // block) * block
+  init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  (dk, dv), dq = jax.lax.scan(
+      step, init, (_split_blocks(q, block), _split_blocks(g, block), lse,
+                   row_dot, starts))
+  return (_merge_blocks(dq), dk.astype(k.dtype), dv.astype(v.dtype), None)
+
+
+def _core_primal(q, k, v, key_valid, causal, block):
+  return _blocked_forward(q, k, v, key_valid, causal, block)[0]
+
+
+def _core_forward(q, k, v, key_valid, causal, block):
+  out, lse = _blocked_forward(q, k, v, key_valid, causal, block)
+  return out, (q, k, v, key_valid, out, lse)
+
+
+_blocked_core = jax.custom_vjp(_core_primal, nondiff_argnums=(4, 5))
+_blocked_core.defvjp(_core_forward, _blocked_backward)

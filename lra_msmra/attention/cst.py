@@ -16,7 +16,10 @@ slices, D model width, e = (alpha - 1) L / 2 extension width):
    `[sL - e, (s + 1)L + e)`, alpha * L keys, zeros beyond the sequence ends.
 3. Slice embeddings: the masked mean of each slice's local output over its
    real tokens (Section 4.1, footnote 1), `[B, n, D]`.
-4. Global attention among the n slice embeddings (Eq. 9, 15).
+4. Global attention among the n slice embeddings (Eq. 9, 15). Without
+   attention dropout it runs a block of slices at a time
+   (`base.blocked_attention`): the same function, but the n x n weights,
+   the one part of CSA quadratic in N, are never all in memory.
 5. Broadcast-add: token i of slice s gets `Y_l[i] + Y_g[s]` (Eq. 10).
 
 Positions (MS-VIPE, Section 4.2): two learned tables, a slice-local one with
@@ -499,14 +502,20 @@ class CompositeSliceAttention(base.Attention):
     q = proj['query'](qk_inputs) / jnp.sqrt(head_dim).astype(self.dtype)
     k = proj['key'](qk_inputs)
     v = proj['value'](s)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,
-                        preferred_element_type=jnp.float32)
-    valid = slice_valid[:, None, None, :]
-    if self.causal:
-      valid = valid & base.causal_mask(s.shape[1])[None, None]
-    probs = base.safe_softmax(logits, valid)
-    probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
-    y = proj['out'](jnp.einsum('bhqk,bkhd->bqhd', probs, v))
+    if deterministic or self.dropout_rate == 0.0:
+      # The same function without the [slices, slices] weights in memory:
+      # what makes the quadratic part affordable at long lengths.
+      y = base.blocked_attention(q, k, v, slice_valid, causal=self.causal)
+    else:
+      logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,
+                          preferred_element_type=jnp.float32)
+      valid = slice_valid[:, None, None, :]
+      if self.causal:
+        valid = valid & base.causal_mask(s.shape[1])[None, None]
+      probs = base.safe_softmax(logits, valid)
+      probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
+      y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+    y = proj['out'](y)
     if self.causal:
       # Inclusive-causal output of slice t - 1 = the shifted query of slice t
       # over keys < t with a strictly causal mask.

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from lra_msmra.attention import base
 
@@ -26,3 +27,48 @@ def test_safe_softmax_parts_equals_safe_softmax_of_the_concatenation():
       jnp.sum(jnp.sin(p)) for p in base.safe_softmax_parts(
           [x, y], [valid_a, valid_b])), argnums=(0, 1))(a, b)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+
+
+def _dense_attention(q, k, v, key_valid, causal):
+  valid = key_valid[:, None, None, :]
+  if causal:
+    valid = valid & base.causal_mask(q.shape[1], k.shape[1])[None, None]
+  scores = jnp.einsum('bqhd,bkhd->bhqk', q, k)
+  return jnp.einsum('bhqk,bkhd->bqhd', base.safe_softmax(scores, valid), v)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('block', [1, 4, 11, 64])
+def test_blocked_attention_equals_dense_attention_with_its_gradients(
+    causal, block):
+  rng = np.random.RandomState(0)
+  q, k, v, cotangent = (
+      jnp.asarray(rng.standard_normal((2, 11, 3, 5)) * 2, jnp.float32)
+      for _ in range(4))
+  # Example 1 has padding on both sides: with the causal mask its first three
+  # queries see no valid key at all and must get zeros.
+  key_valid = jnp.asarray([[True] * 11, [False] * 3 + [True] * 5 + [False] * 3])
+  blocked, blocked_vjp = jax.vjp(
+      lambda *a: base.blocked_attention(*a, key_valid, causal=causal,
+                                        block=block), q, k, v)
+  dense, dense_vjp = jax.vjp(
+      lambda *a: _dense_attention(*a, key_valid, causal), q, k, v)
+  # float32 round-off, relative to each array's scale.
+  np.testing.assert_allclose(blocked, dense, atol=1e-5 * np.abs(dense).max())
+  for got, want in zip(blocked_vjp(cotangent), dense_vjp(cotangent)):
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max())
+  if causal:
+    assert not np.any(blocked[1, :3])
+
+
+def test_blocked_attention_with_fewer_queries_than_keys():
+  rng = np.random.RandomState(1)
+  q = jnp.asarray(rng.standard_normal((1, 5, 2, 4)), jnp.float32)
+  k, v = (jnp.asarray(rng.standard_normal((1, 9, 2, 4)), jnp.float32)
+          for _ in range(2))
+  key_valid = jnp.asarray([[True] * 7 + [False] * 2])
+  np.testing.assert_allclose(
+      base.blocked_attention(q, k, v, key_valid, block=2),
+      _dense_attention(q, k, v, key_valid, False), atol=1e-5)
+  with pytest.raises(ValueError, match='as many queries as keys'):
+    base.blocked_attention(q, k, v, key_valid, causal=True)
