@@ -317,9 +317,11 @@ def test_one_slice_with_global_adds_projected_mean():
   np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_unit_slices_compose_two_full_attentions():
+# 200 slices: the global attention runs in two query blocks
+# (`base.ATTENTION_QUERY_BLOCK` = 128), the second partly padding.
+@pytest.mark.parametrize('length', [12, 200])
+def test_unit_slices_compose_two_full_attentions(length):
   """L = 1: Y_l = W_o(X W_v), then full attention over Y_l (zero P_g)."""
-  length = 12
   stack = _stack({'slice_length': 1}, max_len=length)
   x, mask = _inputs(length), _mask_with_gaps(length)
   params = _init(stack, x, mask)  # the local table stays random.
