@@ -96,11 +96,13 @@ exactly as in the official autoregressive code and paper Eq. 5.
 
 Memory layout (the function is unchanged; only what is stored differs)
 ----------------------------------------------------------------------
-* The window is never cut into overlapping tiles. A block of w queries is
-  scored against its own key block and against the `left` last keys of the
-  previous block and the `right` first keys of the next one (`_neighbours`),
-  which together are exactly the keys [g w - left, (g + 1) w + right). Only
-  those e-wide (causal: w-wide) edges are copied, not a 2x tile of K and V.
+* A block of w queries sees the `left` last keys of the previous block, its
+  own block and the `right` first keys of the next one (`_neighbours`),
+  exactly the keys [g w - left, (g + 1) w + right). Inside the attention
+  core these are concatenated into one tile per block (`_tiles`), so that
+  the window's scores and its weighted values are one batched product each
+  (three products of a few keys each ran slower on CPU than PyTorch's one);
+  the tiles are never kept for the backward pass (next point).
 * The joint softmax is taken over the parts without concatenating them
   (`base.safe_softmax_parts`: shared row maximum and total).
 * The attention core (`_attend`, heads-major so that its products are
@@ -263,6 +265,13 @@ def _neighbours(blocks: Array, left: int, right: int, fill, axis: int
   return before, after
 
 
+def _tiles(before: Optional[Array], blocks: Array, after: Optional[Array]
+           ) -> Array:
+  """`[before | blocks | after]` along the position axis (3) of the blocks."""
+  return jnp.concatenate(
+      [t for t in (before, blocks, after) if t is not None], axis=3)
+
+
 def _attend(q: Array, projected, window, query_mask: Array,
             dropout_mask: Optional[Array], *, window_size: int, left: int,
             right: int, causal: bool, keep_prob: float
@@ -314,11 +323,13 @@ def _attend(q: Array, projected, window, query_mask: Array,
     q_blocks = q.reshape(batch, heads, groups, w, head_dim)
     k_blocks = as_blocks(k)
     k_left, k_right = _neighbours(k_blocks, left, right, 0, axis=2)
-    # Keys of block g in key order: [end of g - 1 | block g | start of g + 1].
-    win = jnp.concatenate(
-        [jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, keys,
-                    preferred_element_type=jnp.float32)
-         for keys in (k_left, k_blocks, k_right) if keys is not None], -1)
+    # Keys of block g in key order: [end of g - 1 | block g | start of g + 1],
+    # one tile per block, so that scores and values take one batched product
+    # each (three products of a few keys each are slower on CPU). The tiles
+    # live only inside this function, which the backward pass recomputes.
+    k_tiles = _tiles(k_left, k_blocks, k_right)
+    win = jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, k_tiles,
+                     preferred_element_type=jnp.float32)
     logits.append(win.reshape(batch, heads, length, slots))
     m_blocks = key_mask.reshape(batch, groups, w)
     m_left, m_right = _neighbours(m_blocks, left, right, False, axis=1)
@@ -350,14 +361,8 @@ def _attend(q: Array, projected, window, query_mask: Array,
     a = weights[-1].reshape(batch, heads, groups, w, slots)
     v_blocks = as_blocks(v)
     v_left, v_right = _neighbours(v_blocks, left, right, 0, axis=2)
-    combined, start = 0.0, 0
-    for values in (v_left, v_blocks, v_right):
-      if values is None:
-        continue
-      width = values.shape[3]
-      combined = combined + jnp.einsum(
-          'bhgqk,bhgkd->bhgqd', a[..., start:start + width], values)
-      start += width
+    combined = jnp.einsum('bhgqk,bhgkd->bhgqd', a,
+                          _tiles(v_left, v_blocks, v_right))
     out = out + combined.reshape(batch, heads, length, head_dim)
   return heads_major(out), probs
 
