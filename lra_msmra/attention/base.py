@@ -141,15 +141,9 @@ def safe_softmax(logits: Array, valid: Array, axis: int = -1) -> Array:
   Returns:
     float32 weights of `logits`' shape.
   """
-  logits = logits.astype(jnp.float32)
   valid = jnp.broadcast_to(valid, logits.shape)
-  masked = jnp.where(valid, logits, -jnp.inf)
-  row_max = jnp.max(masked, axis=axis, keepdims=True)
-  row_max = jax.lax.stop_gradient(
-      jnp.where(jnp.isfinite(row_max), row_max, 0.0))
-  unnorm = jnp.exp(masked - row_max)
-  total = jnp.sum(unnorm, axis=axis, keepdims=True)
-  return unnorm / jnp.where(total > 0, total, 1.0)
+  unnorm, _, total = _softmax_terms([logits], [valid], axis)
+  return unnorm[0] / total
 
 
 def safe_softmax_parts(logits: Sequence[Array], valid: Sequence[Array]
@@ -169,19 +163,31 @@ def safe_softmax_parts(logits: Sequence[Array], valid: Sequence[Array]
   Returns:
     float32 weights, one array per part.
   """
+  unnorm, _, total = _softmax_terms(logits, valid, -1)
+  return [u / total for u in unnorm]
+
+
+def _softmax_terms(logits: Sequence[Array], valid: Sequence[Array], axis: int
+                   ) -> tuple[list[Array], Array, Array]:
+  """The pieces of a safe softmax over `axis` of the concatenated parts.
+
+  Returns the float32 unnormalised weights per part (zero where invalid),
+  the shared row maximum (0 for rows without a valid entry; no gradient)
+  and the shared row total (1 for such rows), so that the weights are
+  `unnorm / total` and the log-sum-exp is `row_max + log(total)`.
+  """
   masked = [jnp.where(m, l.astype(jnp.float32), -jnp.inf)
             for l, m in zip(logits, valid)]
-  row_max = masked[0].max(-1, keepdims=True)
+  row_max = masked[0].max(axis, keepdims=True)
   for m in masked[1:]:
-    row_max = jnp.maximum(row_max, m.max(-1, keepdims=True))
+    row_max = jnp.maximum(row_max, m.max(axis, keepdims=True))
   row_max = jax.lax.stop_gradient(
       jnp.where(jnp.isfinite(row_max), row_max, 0.0))
   unnorm = [jnp.exp(m - row_max) for m in masked]
-  total = unnorm[0].sum(-1, keepdims=True)
+  total = unnorm[0].sum(axis, keepdims=True)
   for u in unnorm[1:]:
-    total = total + u.sum(-1, keepdims=True)
-  total = jnp.where(total > 0, total, 1.0)
-  return [u / total for u in unnorm]
+    total = total + u.sum(axis, keepdims=True)
+  return unnorm, row_max, jnp.where(total > 0, total, 1.0)
 
 
 def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:
@@ -282,12 +288,7 @@ def _blocked_forward(q, k, v, key_valid, causal, block):
   def one(args):
     q_block, start = args
     scores, valid = _block_scores(q_block, k, key_valid, causal, start)
-    masked = jnp.where(valid, scores, -jnp.inf)
-    row_max = jnp.max(masked, axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-    unnorm = jnp.exp(masked - row_max)
-    total = jnp.sum(unnorm, axis=-1, keepdims=True)
-    total = jnp.where(total > 0, total, 1.0)
+    (unnorm,), row_max, total = _softmax_terms([scores], [valid], -1)
     out = jnp.einsum('bhqk,bkhd->bqhd', (unnorm / total).astype(v.dtype), v,
                      preferred_element_type=jnp.float32)
     return out.astype(v.dtype), row_max + jnp.log(total)
