@@ -190,6 +190,21 @@ def _softmax_terms(logits: Sequence[Array], valid: Sequence[Array], axis: int
   return unnorm, row_max, jnp.where(total > 0, total, 1.0)
 
 
+def after(anchor: Array, *arrays: Array) -> tuple[Array, ...]:
+  """`arrays`, made to depend on `anchor` (adds 0 * one of its entries).
+
+  XLA's CPU backend drops `lax.optimization_barrier` before scheduling, so
+  work that only reads other values is free to run, or to be merged with an
+  identical computation, long before `anchor` exists, and its full-size
+  results then stay live in between (e.g. a backward pass recomputing
+  forward values before the cotangent arrives). A data dependency on
+  `anchor` keeps it after. The values are unchanged unless that entry of
+  `anchor` is not finite (then they become NaN).
+  """
+  zero = 0.0 * anchor.reshape(-1)[0]
+  return tuple(a + zero.astype(a.dtype) for a in arrays)
+
+
 def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:
   """Bool `[q_len, k_len]`, True where key j <= query i."""
   k_len = q_len if k_len is None else k_len
@@ -272,7 +287,7 @@ def _merge_blocks(x: Array) -> Array:
 
 def _block_scores(q: Array, k: Array, key_valid: Array, causal: bool,
                   start: Array) -> tuple[Array, Array]:
-  """Float32 scores `[batch, heads, block, keys]` of one block and their mask."""
+  """One block's float32 scores `[batch, heads, block, keys]` and mask."""
   scores = jnp.einsum('bqhd,bkhd->bhqk', q, k,
                       preferred_element_type=jnp.float32)
   valid = key_valid[:, None, None, :]

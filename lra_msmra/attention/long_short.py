@@ -112,7 +112,7 @@ Memory layout (the function is unchanged; only what is stored differs)
   which is cheap next to the projections.
 * DualLN uses `_layer_norm`, the flax LayerNorm forward with an analytic
   backward pass that keeps the input and per-row statistics only. Its
-  recomputation of x_hat depends on the incoming cotangent (`_after`), so
+  recomputation of x_hat depends on the incoming cotangent (`base.after`), so
   that XLA's CPU backend, which drops optimization barriers, cannot merge it
   with the forward pass's and keep the centred input and a full-size
   broadcast of 1 / std live from the forward pass to the backward one
@@ -154,21 +154,6 @@ def window_extension(window_size: int) -> int:
   return max(window_size // 2, 1)
 
 
-def _after(cotangent: Array, *arrays: Array) -> tuple[Array, ...]:
-  """`arrays`, made to depend on `cotangent` (adds 0 * one of its entries).
-
-  XLA's CPU backend drops `lax.optimization_barrier` before scheduling, so
-  a backward pass that recomputes forward values from residuals is free to
-  run, or be merged with the forward pass's identical computation, long
-  before the cotangent exists, and its full-size results then stay live in
-  between. A data dependency on the cotangent keeps the recomputation in
-  the backward pass. The values are unchanged unless that entry of the
-  cotangent is not finite (then they become NaN).
-  """
-  zero = 0.0 * cotangent.reshape(-1)[0]
-  return tuple(a + zero.astype(a.dtype) for a in arrays)
-
-
 @jax.custom_vjp
 def _layer_norm(x: Array, scale: Array, bias: Array) -> Array:
   """LayerNorm over the last two axes, as `nn.LayerNorm` computes it.
@@ -197,11 +182,11 @@ def _layer_norm_bwd(residuals, d_y):
   # Keep XLA from merging the recomputation of x_hat (and its full-size
   # broadcast of inv_std) with the forward pass's, which would then stay
   # live in between. The barrier does that where the backend keeps it; the
-  # CPU backend drops it, so the statistics also depend on d_y (`_after`).
+  # CPU backend drops it, so the statistics also depend on d_y (`base.after`).
   (x, scale, mean, inv_std), d_y = jax.lax.optimization_barrier(
       (residuals, d_y))
   rows = tuple(range(x.ndim - 2))
-  mean, inv_std = _after(d_y, mean, inv_std)
+  mean, inv_std = base.after(d_y, mean, inv_std)
   x_hat = (x.astype(jnp.float32) - mean) * inv_std
   d_y = d_y.astype(jnp.float32)
   d_hat = d_y * scale
