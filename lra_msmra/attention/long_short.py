@@ -250,11 +250,11 @@ def _neighbours(blocks: Array, left: int, right: int, fill, axis: int
   return before, after
 
 
-def _tiles(before: Optional[Array], blocks: Array, after: Optional[Array]
-           ) -> Array:
-  """`[before | blocks | after]` along the position axis (3) of the blocks."""
+def _tiles(before: Optional[Array], blocks: Array, after: Optional[Array],
+           axis: int) -> Array:
+  """`[before | blocks | after]` along the position axis of the blocks."""
   return jnp.concatenate(
-      [t for t in (before, blocks, after) if t is not None], axis=3)
+      [t for t in (before, blocks, after) if t is not None], axis=axis)
 
 
 def _attend(q: Array, projected, window, query_mask: Array,
@@ -312,15 +312,13 @@ def _attend(q: Array, projected, window, query_mask: Array,
     # one tile per block, so that scores and values take one batched product
     # each (three products of a few keys each are slower on CPU). The tiles
     # live only inside this function, which the backward pass recomputes.
-    k_tiles = _tiles(k_left, k_blocks, k_right)
+    k_tiles = _tiles(k_left, k_blocks, k_right, axis=3)
     win = jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, k_tiles,
                      preferred_element_type=jnp.float32)
     logits.append(win.reshape(batch, heads, length, slots))
     m_blocks = key_mask.reshape(batch, groups, w)
     m_left, m_right = _neighbours(m_blocks, left, right, False, axis=1)
-    m_tiles = jnp.concatenate(
-        [m for m in (m_left, m_blocks, m_right) if m is not None], -1)
-    m_tiles = m_tiles[:, None, :, None, :]
+    m_tiles = _tiles(m_left, m_blocks, m_right, axis=2)[:, None, :, None, :]
     if causal:
       offset = jnp.arange(slots)[None, :] - jnp.arange(w)[:, None]
       m_tiles = m_tiles & ((offset >= 1) & (offset <= w))
@@ -347,7 +345,7 @@ def _attend(q: Array, projected, window, query_mask: Array,
     v_blocks = as_blocks(v)
     v_left, v_right = _neighbours(v_blocks, left, right, 0, axis=2)
     combined = jnp.einsum('bhgqk,bhgkd->bhgqd', a,
-                          _tiles(v_left, v_blocks, v_right))
+                          _tiles(v_left, v_blocks, v_right, axis=3))
     out = out + combined.reshape(batch, heads, length, head_dim)
   return heads_major(out), probs
 
