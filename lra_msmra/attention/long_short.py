@@ -230,8 +230,8 @@ def _neighbours(blocks: Array, left: int, right: int, fill, axis: int
   Returns:
     The `left` last positions of block g - 1 and the `right` first ones of
     block g + 1, for every block g (None when the width is 0). With the block
-    itself they cover positions [g * size - left, (g + 1) * size + right),
-    without materialising that overlapping tile.
+    itself they cover positions [g * size - left, (g + 1) * size + right)
+    (`_tiles` joins the three).
   """
   size = blocks.shape[axis + 1]
   take = lambda a, start, stop, lo, hi: jax.lax.slice_in_dim(
