@@ -1,5 +1,6 @@
 """ListOps: generator semantics, determinism and file format; reader errors."""
 
+import hashlib
 import os
 import random
 
@@ -70,12 +71,57 @@ def test_examples_in_length_band_distinct_and_seeded():
                                          max_depth=5, max_args=5, seed=2)
 
 
+# The first examples of seed 0 at the official settings, as the tree-based
+# generator wrote them before the one-pass sampler replaced it: digest of
+# "source<TAB>label" lines joined by newlines, then (tokens, label) of the
+# first five.
+SEED0_FIRST20_SHA256 = (
+    '482cb77049ad1e22208770fd79038e6879a584eeec1614454c50544ea5b9465f')
+SEED0_FIRST5 = [(1564, 0), (3250, 6), (1657, 9), (5584, 3), (3793, 9)]
+
+
+def test_official_seed0_examples_are_pinned():
+  ex = listops.generate_examples(20, seed=0)
+  # Characters of the source (token count after preprocessing is smaller).
+  assert [(len(s.split()), y) for s, y in ex[:5]] == SEED0_FIRST5
+  text = '\n'.join(f'{s}\t{y}' for s, y in ex)
+  assert hashlib.sha256(text.encode()).hexdigest() == SEED0_FIRST20_SHA256
+
+
+@pytest.mark.parametrize('seed', [0, 1, 7])
+@pytest.mark.parametrize('kw', [
+    dict(min_length=5, max_length=60, max_depth=4, max_args=2),
+    dict(min_length=10, max_length=200, max_depth=6, max_args=5),
+    dict(min_length=1, max_length=30, max_depth=3, max_args=3),
+    dict(min_length=100, max_length=400, max_depth=10, max_args=10),
+])
+def test_fast_sampler_equals_tree_reference(seed, kw):
+  """The one-pass sampler draws, serialises and labels as the tree-based
+  reference (LRA's algorithm as written) does, example for example."""
+  assert (listops.generate_examples(60, seed=seed, **kw) ==
+          listops.reference_examples(60, seed=seed, **kw))
+
+
+@pytest.mark.parametrize('args', [[1, 2], [2, 1], [7], [0, 9], [3, 3, 8, 1],
+                                  [5, 0, 2, 9, 9, 4]])
+def test_median_matches_numpy(args):
+  assert listops._median(args) == int(np.median(args))
+
+
 def test_files_in_official_format(tmp_path):
   paths = listops.generate_dataset(str(tmp_path), num_train=5, num_valid=3,
                                    num_test=2, min_length=5, max_length=40,
                                    max_depth=4, max_args=4, seed=0)
   assert sorted(os.listdir(tmp_path)) == [
-      'basic_test.tsv', 'basic_train.tsv', 'basic_val.tsv']
+      'basic_test.tsv', 'basic_train.tsv', 'basic_val.tsv', 'generator.json']
+  stamp = listops.read_stamp(str(tmp_path))
+  assert stamp['settings']['seed'] == 0 and stamp['task_name'] == 'basic'
+  assert stamp['generation_seconds'] >= 0
+  for split, n in (('train', 5), ('val', 3), ('test', 2)):
+    assert stamp['splits'][split]['examples'] == n
+    assert sum(stamp['splits'][split]['label_histogram']) == n
+    assert 5 < stamp['splits'][split]['min_tokens']
+    assert stamp['splits'][split]['max_tokens'] < 40
   raw = open(paths['train'], 'rb').read()
   lines = raw.split(b'\r\n')
   assert lines[0] == b'Source\tTarget' and lines[-1] == b''
