@@ -80,7 +80,8 @@ def default_config() -> ml_collections.ConfigDict:
   # It also picks the headline test number of results.json: the final
   # checkpoint for 'lra', the best-validation checkpoint otherwise.
   c.protocol = 'lra'
-  # Folder of the task's data files; '' generates or mocks data locally.
+  # Folder of the task's data files (see README, Data). Without it a config
+  # must ask for generated or mock data by name: data.generate=True.
   c.data_dir = ''
   # Task-specific input options, validated by the task's data module.
   c.data = ml_collections.ConfigDict()
@@ -238,6 +239,8 @@ def apply_runlocal(c: ml_collections.ConfigDict, *,
     max_length: new `data.max_length` for text-like tasks (None: keep the
       task's length, e.g. images, and use a lighter model and batch).
   """
+  # Generated (ListOps) or mock (other tasks) data, see the task's base.py.
+  c.data.generate = True
   if max_length is not None:
     c.data.max_length = max_length
     if c.data.get('pad_to_length'):
@@ -334,7 +337,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f'config.protocol={config.protocol!r}; valid: {PROTOCOLS}.')
   if not isinstance(config.data_dir, str):
     raise ValueError(f'config.data_dir={config.data_dir!r} must be a string '
-                     "(a folder, or '' for generated or mock data).")
+                     "(a folder, or '' with data.generate=True).")
   for key in _POSITIVE_INTS:
     value = config[key]
     if not _is_int(value) or value < 1:

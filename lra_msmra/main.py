@@ -88,13 +88,26 @@ def initialize_distributed() -> None:
     jax.distributed.initialize()
 
 
+def _plain(value):
+  """A JSON-friendly copy of an override value."""
+  if isinstance(value, (list, tuple)):
+    return [_plain(v) for v in value]
+  if isinstance(value, (str, int, float, bool)) or value is None:
+    return value
+  return str(value)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
   initialize_distributed()
   from lra_msmra import train  # pylint: disable=g-import-not-at-top
+  launch = {'config': config_flags.get_config_filename(flags.FLAGS['config']),
+            'overrides': {k: _plain(v) for k, v in
+                          config_flags.get_override_values(
+                              flags.FLAGS['config']).items()}}
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, launch)
   except train.Preempted:
     sys.exit(143)
 

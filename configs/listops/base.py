@@ -32,8 +32,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data.max_length = 2000
   # Zero-pad inputs further to this length (0 = max_length).
   c.data.pad_to_length = 0
-  # Used only when data_dir is empty: LRA generator defaults, seeded.
-  c.data.generate = ml_collections.ConfigDict(dict(
+  # True: write the data with our seeded implementation of the LRA
+  # generator (settings below: the official ones) instead of reading
+  # data_dir. Results record the data as 'generated'.
+  c.data.generate = False
+  c.data.generator = ml_collections.ConfigDict(dict(
       num_train=96000, num_valid=2000, num_test=2000, min_length=500,
       max_length=2000, max_depth=10, max_args=10, seed=0))
 
@@ -65,7 +68,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config_lib.apply_runlocal(c, max_length=100)
     # Short expressions (under 100 tokens, depth <= 4) so that a small model
     # learns beyond the majority class within minutes on a CPU.
-    c.data.generate = ml_collections.ConfigDict(dict(
+    c.data.generator = ml_collections.ConfigDict(dict(
         num_train=6000, num_valid=500, num_test=500, min_length=20,
         max_length=100, max_depth=4, max_args=5, seed=0))
     c.num_train_steps = 1500

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lra_msmra.data import pipeline
 from lra_msmra.data.pipeline import TaskData
 
 # Task name -> module under lra_msmra.data with get_datasets(config, workdir).
@@ -30,8 +31,20 @@ def _task_module(config: Any):
   return importlib.import_module(f'lra_msmra.data.{TASKS[config.task]}')
 
 
+def data_source(config: Any) -> str:
+  """'release', 'generated' or 'mock' (see `pipeline.DATA_SOURCES`); raises,
+  saying how to prepare the data, when a config names no source."""
+  module = _task_module(config)
+  return pipeline.data_source(config, module.SYNTHETIC_SOURCE,
+                              module.PREPARE_HINT)
+
+
 def get_datasets(config: Any, workdir: str) -> TaskData:
-  """Returns the splits of `config.task`; `workdir` holds generated data."""
+  """Returns the splits of `config.task`; `workdir` holds generated data.
+
+  `notes['data_source']` says where the examples come from (see
+  `data_source`).
+  """
   return _task_module(config).get_datasets(config, workdir)
 
 
@@ -45,4 +58,5 @@ def get_model_spec(config: Any) -> dict[str, Any]:
   return _task_module(config).get_model_spec(config)
 
 
-__all__ = ['TASKS', 'TaskData', 'get_datasets', 'get_model_spec']
+__all__ = ['TASKS', 'TaskData', 'data_source', 'get_datasets',
+           'get_model_spec']

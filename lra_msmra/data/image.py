@@ -47,12 +47,17 @@ NUM_CLASSES = 10
 SIDE = 32
 TFDS_NAME = 'cifar10'
 SPLITS = {'train': 'train[:90%]', 'eval': 'train[90%:]', 'test': 'test'}
-DATA_KEYS = {'pad_to_length', 'shuffle', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_test', 'seed'}
+DATA_KEYS = {'pad_to_length', 'shuffle', 'generator'}
+GENERATOR_KEYS = {'num_train', 'num_test', 'seed'}
 # Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
 BATCH_SHUFFLE_WINDOW = 256
 # ITU-R 601 luma weights as TensorFlow writes them (they sum to 0.9999).
 GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)
+# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
+# the real data instead.
+SYNTHETIC_SOURCE = 'mock'
+PREPARE_HINT = ('download CIFAR-10 through TFDS once with `python -m '
+                'lra_msmra.data.prepare --tfds --out DIR`')
 
 
 def rgb_to_grayscale(rgb: np.ndarray) -> np.ndarray:
@@ -99,7 +104,7 @@ def synthetic_images(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('image', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_data_keys('image', data, DATA_KEYS, GENERATOR_KEYS)
   pipeline.check_length(data, SIDE * SIDE)
 
 
@@ -107,11 +112,11 @@ def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
   """Reads the three splits through `tfds.load` (mocked without data_dir)."""
   specs = tuple(SPLITS.values())
   fields = ('image', 'label')
-  if config.data_dir:
+  if not config.data.generate:
     tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
     return tfds_io.load(TFDS_NAME, specs, tfds_dir, fields), (
         f'tfds {TFDS_NAME} in {tfds_dir}')
-  gen = config.data.generate
+  gen = config.data.generator
   examples = {}
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
@@ -155,6 +160,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """
   del workdir
   _check_data_config(config.data)
+  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
   data, origin = _load(config)
   length = config.data.pad_to_length or SIDE * SIDE
   splits = {name: _source(data[spec], spec, length)
@@ -164,7 +170,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   zero = float(np.mean(splits['test'].arrays['inputs'] == 0))
   notes = {
       'data': origin,
-      'generated': not config.data_dir,
+      'data_source': source,
       'splits': dict(SPLITS),
       'grayscale': 'tf.image.rgb_to_grayscale, bit-exact (P22)',
       'test_fraction_zero_pixels': zero,

@@ -23,6 +23,7 @@ Command line (writes the three files)::
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import random
@@ -49,9 +50,15 @@ SPLITS = ('train', 'val', 'test')
 HEADER = ['Source', 'Target']
 
 Tree = Union[int, str, tuple]
-DATA_KEYS = {'task_name', 'max_length', 'pad_to_length', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_valid', 'num_test', 'min_length',
+DATA_KEYS = {'task_name', 'max_length', 'pad_to_length', 'generator'}
+GENERATOR_KEYS = {'num_train', 'num_valid', 'num_test', 'min_length',
                  'max_length', 'max_depth', 'max_args', 'seed'}
+# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
+# the real data instead.
+SYNTHETIC_SOURCE = 'generated'
+PREPARE_HINT = (pipeline.RELEASE_HINT + ', or write it with our seeded '
+                'implementation of the LRA generator: `python -m '
+                'lra_msmra.data.prepare --generate_listops --out DIR`')
 
 
 # ----------------------------------------------------------------- generator
@@ -294,12 +301,13 @@ def read_tsv(path: str, max_length: int = 2000
   """
   if not os.path.exists(path):
     raise FileNotFoundError(
-        f'ListOps file {path} not found. Point config.data_dir at the '
-        '`listops-1000` folder of the LRA release (lra_release.gz from '
-        'https://github.com/google-research/long-range-arena), or leave '
-        'config.data_dir empty to generate data locally.')
+        f'ListOps file {path} not found (nor {os.path.basename(path)}.gz). '
+        'Point config.data_dir at the `listops-1000` folder of the LRA '
+        'release, or at the folder `python -m lra_msmra.data.prepare` '
+        'wrote; see the README for how to get the data.')
   ids, labels = [], []
-  with open(path, newline='') as f:
+  opener = gzip.open if path.endswith('.gz') else open
+  with opener(path, 'rt', newline='') as f:
     reader = csv.reader(f, delimiter='\t')
     header = next(reader, None)
     if header != HEADER:
@@ -324,8 +332,11 @@ def read_tsv(path: str, max_length: int = 2000
         raise ValueError(f'{path}:{line_no}: unknown token(s) {unknown}; '
                          f'valid symbols: {list(SYMBOLS)}.')
       if len(tokens) > max_length:
-        raise ValueError(f'{path}:{line_no}: {len(tokens)} tokens exceed '
-                         f'max_length={max_length}.')
+        raise ValueError(
+            f'{path}:{line_no}: {len(tokens)} tokens exceed '
+            f'config.data.max_length={max_length}. These files need the full '
+            'ListOps length: use a config without `runlocal`, or pass '
+            '--config.data.max_length=2000.')
       ids.append(np.array([VOCAB[t] for t in tokens], dtype=np.uint8))
       labels.append(label)
   if not labels:
@@ -334,7 +345,7 @@ def read_tsv(path: str, max_length: int = 2000
 
 
 def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('listops', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_data_keys('listops', data, DATA_KEYS, GENERATOR_KEYS)
 
   def is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -343,31 +354,31 @@ def _check_data_config(data: Any) -> None:
     raise ValueError(f'config.data.task_name={data.task_name!r} must be the '
                      "file prefix of the TSVs, e.g. 'basic'.")
   pipeline.check_length(data, data.max_length)
-  gen = data.generate
+  gen = data.generator
   for key, low in (('num_train', 1), ('num_valid', 1), ('num_test', 1),
                    ('min_length', 0), ('max_depth', 1), ('max_args', 2),
                    ('seed', 0)):
     if not is_int(gen[key]) or gen[key] < low:
-      raise ValueError(f'config.data.generate.{key}={gen[key]!r} must be an '
+      raise ValueError(f'config.data.generator.{key}={gen[key]!r} must be an '
                        f'integer >= {low}.')
   if not is_int(gen.max_length) or gen.max_length <= gen.min_length + 1:
     raise ValueError(
-        f'config.data.generate.max_length={gen.max_length!r} must be an '
+        f'config.data.generator.max_length={gen.max_length!r} must be an '
         f'integer above min_length + 1 = {gen.min_length + 1} (both bounds '
         'are exclusive).')
   # Generated expressions have at most generate.max_length - 1 tokens; the
   # reader rejects any longer than data.max_length.
-  if gen.max_length - 1 > data.max_length:
+  if data.generate and gen.max_length - 1 > data.max_length:
     raise ValueError(
-        f'config.data.generate.max_length={gen.max_length} allows '
+        f'config.data.generator.max_length={gen.max_length} allows '
         f'expressions of {gen.max_length - 1} tokens, more than '
         f'config.data.max_length={data.max_length}; lower the first or raise '
         'the second.')
 
 
 def _generated_dir(config: Any, workdir: str) -> str:
-  """Generates (once) the data described by config.data.generate."""
-  gen = config.data.generate.to_dict()
+  """Generates (once) the data described by config.data.generator."""
+  gen = config.data.generator.to_dict()
   out = os.path.join(workdir, 'data', 'listops')
   stamp = read_stamp(out)
   if (stamp is not None and stamp.get('settings') == gen and
@@ -388,35 +399,25 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The ListOps splits for `config` (see the module docstring).
 
   With `config.data_dir` empty, a dataset is generated from
-  `config.data.generate` into `<workdir>/data/listops` (once) and read back.
+  `config.data.generator` into `<workdir>/data/listops` (once) and read back.
   """
   _check_data_config(config.data)
-  data_dir = config.data_dir
-  if not data_dir:
+  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  if source == 'generated':
     data_dir = _generated_dir(config, workdir)
-  elif not os.path.isdir(data_dir):
-    raise FileNotFoundError(
-        f'config.data_dir={data_dir!r} is not a directory. It must hold '
-        f'{config.data.task_name}_{{train,val,test}}.tsv (the `listops-1000` '
-        'folder of the LRA release), or be the folder written by '
-        '`python -m lra_msmra.data.prepare`.')
   else:
-    # The prepared folder (lra_msmra.data.prepare) holds listops-1000/.
-    first = f'{config.data.task_name}_train.tsv'
-    nested = os.path.join(data_dir, 'listops-1000')
-    if (not os.path.exists(os.path.join(data_dir, first)) and
-        os.path.exists(os.path.join(nested, first))):
-      data_dir = nested
+    data_dir = _release_dir(config.data_dir, config.data.task_name)
   length = config.data.pad_to_length or config.data.max_length
   splits, labels = {}, {}
   for split in SPLITS:
-    path = os.path.join(data_dir, f'{config.data.task_name}_{split}.tsv')
+    path = split_path(data_dir, config.data.task_name, split)
     ids, labels[split] = read_tsv(path, config.data.max_length)
     splits[split] = pipeline.ArraySource({
         'inputs': pipeline.pad_or_truncate(ids, length, np.uint8),
         'targets': labels[split]})
+  # Files our generator wrote carry its stamp, wherever they were written.
   stamp = read_stamp(data_dir)
-  notes = {'data_dir': data_dir, 'generated': stamp is not None,
+  notes = {'data_dir': data_dir,
            'data_source': 'release' if stamp is None else 'generated',
            'vocabulary': 'fixed sorted (P6 fix)'}
   if stamp is not None:
@@ -425,6 +426,31 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
       train=splits['train'], eval=splits['val'], test=splits['test'],
       num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
       notes=notes)
+
+
+def split_path(data_dir: str, task_name: str, split: str) -> str:
+  """`{task_name}_{split}.tsv` in `data_dir`, or its `.tsv.gz` if only that
+  exists (the released files are often kept compressed)."""
+  path = os.path.join(data_dir, f'{task_name}_{split}.tsv')
+  if not os.path.exists(path) and os.path.exists(path + '.gz'):
+    return path + '.gz'
+  return path
+
+
+def _release_dir(data_dir: str, task_name: str) -> str:
+  """The folder holding the TSVs: `data_dir` or its `listops-1000/`."""
+  if not os.path.isdir(data_dir):
+    raise FileNotFoundError(
+        f'config.data_dir={data_dir!r} is not a directory. It must hold '
+        f'{task_name}_{{train,val,test}}.tsv (the `listops-1000` folder of '
+        'the LRA release), or be the folder written by `python -m '
+        'lra_msmra.data.prepare`.')
+  # The prepared folder (lra_msmra.data.prepare) holds listops-1000/.
+  nested = os.path.join(data_dir, 'listops-1000')
+  if (not os.path.exists(split_path(data_dir, task_name, 'train')) and
+      os.path.exists(split_path(nested, task_name, 'train'))):
+    return nested
+  return data_dir
 
 
 def main(argv: list[str]) -> None:

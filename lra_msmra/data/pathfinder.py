@@ -82,13 +82,17 @@ DIFFICULTIES = {'easy': 'curv_baseline',
 # TFDS percent slices of LRA's loader: train, validation, test.
 SPLIT_PERCENTS = {'train': (0, 80), 'eval': (80, 90), 'test': (90, 100)}
 DATA_KEYS = {'resolution', 'difficulty', 'pad_to_length', 'shuffle',
-             'generate'}
-GENERATE_KEYS = {'num_examples', 'seed'}
+             'generator'}
+GENERATOR_KEYS = {'num_examples', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
 # Images per generator batch folder imgs/<k> in generated data.
 GENERATED_PER_FOLDER = 500
 # Bumped whenever generated data changes, so stale workdir data is redone.
 GENERATOR_VERSION = 1
+# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
+# the real data instead.
+SYNTHETIC_SOURCE = 'mock'
+PREPARE_HINT = pipeline.RELEASE_HINT
 
 
 class Example(NamedTuple):
@@ -341,7 +345,7 @@ def generate_dataset(root: str, *, resolution: int, difficulty: str,
 
 
 def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('pathfinder', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_data_keys('pathfinder', data, DATA_KEYS, GENERATOR_KEYS)
   if data.resolution not in RESOLUTIONS:
     raise ValueError(f'config.data.resolution={data.resolution!r}; valid: '
                      f'{RESOLUTIONS}.')
@@ -352,8 +356,8 @@ def _check_data_config(data: Any) -> None:
 
 
 def _generated_root(config: Any, workdir: str) -> str:
-  """Generates (once) the folder described by config.data.generate."""
-  spec = dict(config.data.generate.to_dict(),
+  """Generates (once) the folder described by config.data.generator."""
+  spec = dict(config.data.generator.to_dict(),
               resolution=config.data.resolution,
               difficulty=config.data.difficulty)
   stamp_spec = dict(spec, version=GENERATOR_VERSION)
@@ -380,8 +384,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The Pathfinder / Path-X splits for `config` (module docstring)."""
   _check_data_config(config.data)
   data = config.data
-  generated = not config.data_dir
-  if generated:
+  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  if source == 'mock':
     root = _generated_root(config, workdir)
   else:
     root = config.data_dir
@@ -410,7 +414,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   zero = float(np.mean(sources['test'].arrays['inputs'] == 0))
   notes = {
       'data_dir': folder,
-      'generated': generated,
+      'data_source': source,
       'resolution': data.resolution,
       'difficulty': f'{data.difficulty} ({DIFFICULTIES[data.difficulty]})',
       'split': 'TFDS order (md5 of difficulty + key), 80/10/10',

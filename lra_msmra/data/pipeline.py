@@ -305,13 +305,60 @@ def _check_exact_keys(where: str, cfg: Any, expected: set[str]) -> None:
 
 
 def check_data_keys(task: str, data: Any, keys: set[str],
-                    generate_keys: set[str]) -> None:
-  """Checks the exact keys of `config.data` and `.generate`, and `shuffle`."""
-  _check_exact_keys(f'config.data for {task}', data, keys)
-  _check_exact_keys('config.data.generate', data.generate, generate_keys)
+                    generator_keys: set[str]) -> None:
+  """Checks the exact keys of `config.data` and `.generator`, `generate` and
+  `shuffle`."""
+  _check_exact_keys(f'config.data for {task}', data, keys | {'generate'})
+  _check_exact_keys('config.data.generator', data.generator, generator_keys)
+  if not isinstance(data.generate, bool):
+    raise ValueError(f'config.data.generate={data.generate!r} must be True '
+                     'or False.')
   if 'shuffle' in keys and data.shuffle not in SHUFFLE_LEVELS:
     raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
                      f'{SHUFFLE_LEVELS}.')
+
+
+# Where a run's examples come from (recorded in results.json):
+#   release    files of the LRA release (or TFDS for IMDb and CIFAR-10);
+#   generated  our seeded implementation of the official generator (ListOps);
+#   mock       stand-in examples in the task's real format, for plumbing
+#              checks only: never comparable with any published number.
+DATA_SOURCES = ('release', 'generated', 'mock')
+RELEASE_HINT = ('download the LRA release once (lra_release.gz, see README) '
+                'and run `python -m lra_msmra.data.prepare --lra_release '
+                'lra_release.gz --out DIR`')
+
+
+def data_source(config: Any, synthetic: str, prepare: str) -> str:
+  """The source a config asks for: 'release', or `synthetic` with
+  `data.generate=True`; raises if it asks for neither or both.
+
+  Args:
+    config: the run config (`data_dir`, `data.generate`).
+    synthetic: what `data.generate=True` gives this task, 'generated' or
+      'mock'.
+    prepare: how to get the task's real data, for the error message.
+  """
+  if synthetic not in DATA_SOURCES[1:]:
+    raise ValueError(f'synthetic={synthetic!r}; valid: {DATA_SOURCES[1:]}.')
+  if config.data_dir and config.data.generate:
+    raise ValueError(
+        f'config.data_dir={config.data_dir!r} and config.data.generate=True '
+        'ask for two data sources; drop one of them.')
+  if config.data_dir:
+    return 'release'
+  if config.data.generate:
+    return synthetic
+  fallback = (
+      'or --config.data.generate=True, our seeded implementation of the '
+      'official generator' if synthetic == 'generated' else
+      '--config.data.generate=True gives mock examples for plumbing checks '
+      'only, never comparable with published numbers; the `runlocal` option '
+      'sets it')
+  raise ValueError(
+      f'config.data_dir is empty: the {config.task} config needs its data. '
+      f'To prepare it, {prepare}; then pass --config.data_dir=DIR ({fallback}'
+      ').')
 
 
 def check_length(data: Any, length: Any) -> None:

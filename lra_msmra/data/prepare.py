@@ -52,6 +52,7 @@ import sys
 import tarfile
 from typing import Any, Optional, Sequence
 
+from lra_msmra.data import listops
 from lra_msmra.data import pathfinder
 from lra_msmra.data import retrieval
 from lra_msmra.data import tfds_io
@@ -295,11 +296,31 @@ def _print_report(report: dict[str, Any], out: str) -> None:
               'contents')
       print(f'{name}: a second copy exists at {c["other"]}: {same}. '
             f'Using {c["used"]}.')
+  gen = report.get('listops_generated')
+  if gen:
+    print(f'{LISTOPS}: generated (seed {gen["settings"]["seed"]}) in '
+          f'{gen["generation_seconds"]:.0f} s: ' + ', '.join(
+              f'{s} {v["examples"]}' for s, v in gen['splits'].items()))
   for name, splits in report.get('tfds', {}).items():
     print(f'{name}: ' + ', '.join(f'{s} {n}' for s, n in splits.items()))
   print(f'\nWrote {os.path.join(out, MANIFEST)}. Use '
         f'--config.data_dir={out} (ListOps: '
         f'--config.data_dir={os.path.join(out, LISTOPS)}).')
+
+
+def generate_listops(out: str, seed: int, **settings: int) -> dict[str, Any]:
+  """Writes `out/listops-1000/basic_*.tsv` with our generator (official
+  settings unless `settings` override them); returns its `generator.json`
+  (settings, time, label histograms)."""
+  folder = os.path.join(out, LISTOPS)
+  if os.path.islink(folder) or (os.path.exists(folder) and
+                                listops.read_stamp(folder) is None):
+    raise PrepareError(f'{folder} already holds release data; choose another '
+                       '--out.')
+  print(f'Generating ListOps (seed {seed}) into {folder}: a few minutes.',
+        flush=True)
+  listops.generate_dataset(folder, seed=seed, **settings)
+  return listops.read_stamp(folder)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -312,6 +333,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument('--out', required=True, help='Folder to write.')
   p.add_argument('--tfds', action='store_true', help='Also download and '
                  'prepare imdb_reviews and cifar10 with TFDS.')
+  p.add_argument('--generate_listops', action='store_true', help='Write '
+                 'ListOps (96,000/2,000/2,000 expressions, the official '
+                 'generator settings) into DIR/listops-1000 with our seeded '
+                 'implementation of the LRA generator, instead of taking it '
+                 'from the release. Results record it as generated data.')
+  p.add_argument('--listops_seed', type=int, default=0,
+                 help='Seed of --generate_listops.')
   p.add_argument('--tasks', default=','.join(TASKS),
                  help=f'Comma-separated subset of {",".join(TASKS)} whose '
                  'files must be present (default: all).')
@@ -323,8 +351,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   unknown = sorted(set(tasks) - set(TASKS))
   if unknown:
     p.error(f'--tasks: unknown {unknown}; valid: {list(TASKS)}.')
-  if not args.lra_release and not args.tfds:
-    p.error('Give --lra_release, --tfds or both.')
+  if not (args.lra_release or args.tfds or args.generate_listops):
+    p.error('Give --lra_release, --tfds, --generate_listops or several.')
+  if args.lra_release and args.generate_listops and 'listops' in tasks:
+    p.error('--generate_listops writes the listops-1000 folder the release '
+            'also provides: leave listops out of --tasks, or drop one.')
   os.makedirs(args.out, exist_ok=True)
   report: dict[str, Any] = {}
   try:
@@ -333,6 +364,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           args.pathfinder128_copy)
     if args.tfds:
       report['tfds'] = prepare_tfds(args.out)
+    if args.generate_listops:
+      report['listops_generated'] = generate_listops(args.out,
+                                                     args.listops_seed)
   except (PrepareError, FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

@@ -52,11 +52,15 @@ SUBDIR = 'tsv_data'
 NUM_COLUMNS = 5  # label, id1, id2, text1, text2
 # LRA keeps the first 10,000 bytes of a text before encoding.
 TEXT_CUT = 10000
-DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_valid', 'num_test', 'seed'}
+DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generator'}
+GENERATOR_KEYS = {'num_train', 'num_valid', 'num_test', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer, in batches mode.
 # Bumped whenever generated data changes, so stale workdir data is redone.
 GENERATOR_VERSION = 2
+# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
+# the real data instead.
+SYNTHETIC_SOURCE = 'mock'
+PREPARE_HINT = pipeline.RELEASE_HINT
 
 # Generated abstracts open with their topic's name; the names start with
 # different letters, so even LRA's first-byte pooling (P2) can see the topic.
@@ -170,7 +174,7 @@ def generate_dataset(output_dir: str, *, num_train: int, num_valid: int,
 
 
 def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('retrieval', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_data_keys('retrieval', data, DATA_KEYS, GENERATOR_KEYS)
   pipeline.check_length(data, data.max_length)
   if data.max_length > TEXT_CUT:
     raise ValueError(f'config.data.max_length={data.max_length} exceeds the '
@@ -192,15 +196,15 @@ def _resolve_data_dir(data_dir: str) -> str:
 
 
 def _generated_dir(config: Any, workdir: str) -> str:
-  """Generates (once) the TSVs described by config.data.generate."""
-  gen = dict(config.data.generate.to_dict(), version=GENERATOR_VERSION)
+  """Generates (once) the TSVs described by config.data.generator."""
+  gen = dict(config.data.generator.to_dict(), version=GENERATOR_VERSION)
   out = os.path.join(workdir, 'data', 'retrieval')
   stamp = os.path.join(out, 'generator.json')
   if os.path.exists(stamp):
     with open(stamp) as f:
       if json.load(f) == gen:
         return out
-  generate_dataset(out, **config.data.generate.to_dict())
+  generate_dataset(out, **config.data.generator.to_dict())
   with open(stamp, 'w') as f:
     json.dump(gen, f)
   return out
@@ -220,8 +224,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   `[batch, length]`, and `targets` `[batch]`.
   """
   _check_data_config(config.data)
-  generated = not config.data_dir
-  data_dir = (_generated_dir(config, workdir) if generated else
+  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  data_dir = (_generated_dir(config, workdir) if source == 'mock' else
               _resolve_data_dir(config.data_dir))
   length = config.data.pad_to_length or config.data.max_length
   splits = {}
@@ -234,7 +238,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
                                       BATCH_SHUFFLE_WINDOW)
   notes = {
       'data_dir': data_dir,
-      'generated': generated,
+      'data_source': source,
       'max_length': config.data.max_length,
       'model': 'dual encoder (P1 fix), shared weights, no cross-attention',
       'dual_interaction': config.model.dual_interaction,

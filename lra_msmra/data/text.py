@@ -40,10 +40,15 @@ from lra_msmra.data import tfds_io
 VOCAB_SIZE = 257  # byte + 1; 0 = padding.
 NUM_CLASSES = 2
 TFDS_NAME = 'imdb_reviews'
-DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_test', 'seed'}
+DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generator'}
+GENERATOR_KEYS = {'num_train', 'num_test', 'seed'}
 # Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
 BATCH_SHUFFLE_WINDOW = 256
+# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
+# the real data instead.
+SYNTHETIC_SOURCE = 'mock'
+PREPARE_HINT = ('download IMDb through TFDS once with `python -m '
+                'lra_msmra.data.prepare --tfds --out DIR`')
 
 _POSITIVE = ('great', 'wonderful', 'superb', 'moving', 'brilliant', 'loved',
              'delightful', 'charming', 'masterpiece', 'fun')
@@ -55,7 +60,7 @@ _NEUTRAL = ('the', 'film', 'movie', 'plot', 'actors', 'a', 'and', 'was',
 
 
 def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('text', data, DATA_KEYS, GENERATE_KEYS)
+  pipeline.check_data_keys('text', data, DATA_KEYS, GENERATOR_KEYS)
   pipeline.check_length(data, data.max_length)
 
 
@@ -89,11 +94,11 @@ def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
   """Reads train and test through `tfds.load` (mocked without data_dir)."""
   splits = ('train', 'test')
-  if config.data_dir:
+  if not config.data.generate:
     tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
     return tfds_io.load(TFDS_NAME, splits, tfds_dir, ('text', 'label')), (
         f'tfds {TFDS_NAME} in {tfds_dir}')
-  gen = config.data.generate
+  gen = config.data.generator
   examples = {}
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
@@ -133,6 +138,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """
   del workdir
   _check_data_config(config.data)
+  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
   data, origin = _load(config)
   length = config.data.pad_to_length or config.data.max_length
   train = _source(data['train'], 'train', length, config.data.max_length)
@@ -143,7 +149,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
                              for t in data['test']['text']]))
   notes = {
       'data': origin,
-      'generated': not config.data_dir,
+      'data_source': source,
       'max_length': config.data.max_length,
       # P5: IMDb has no validation split; LRA validates on test.
       'validation_is_test': True,

@@ -66,9 +66,9 @@ def test_metadata_keys_are_lra_keys(tmp_path):
 
 
 def test_generated_runlocal_data_round_trips(tmp_path):
-  config = task_config('pathfinder', generate={'num_examples': 40})
+  config = task_config('pathfinder', generator={'num_examples': 40})
   data = pathfinder.get_datasets(config, str(tmp_path))
-  assert data.notes['generated'] is True
+  assert data.notes['data_source'] == 'mock'
   assert sum(data.notes['empty_pngs_skipped'].values()) == 1
   assert len(data.train) + len(data.eval) + len(data.test) == 40
   batch = data.train.get(np.arange(len(data.train)))

@@ -192,3 +192,29 @@ def test_rerun_with_out_inside_the_release(tmp_path, capsys):
     assert code == 0
   with open(os.path.join(out, prepare.MANIFEST)) as f:
     assert json.load(f)['release']['duplicates'] == {}
+
+
+def test_generate_listops_writes_a_stamped_folder(tmp_path, capsys,
+                                                  monkeypatch):
+  small = dict(num_train=12, num_valid=4, num_test=4, min_length=5,
+               max_length=40, max_depth=4, max_args=4)
+  real = listops.generate_dataset
+  monkeypatch.setattr(listops, 'generate_dataset',
+                      lambda folder, seed: real(folder, seed=seed, **small))
+  out = str(tmp_path / 'out')
+  assert prepare.main(['--generate_listops', '--listops_seed', '3',
+                       '--out', out]) == 0
+  printed = capsys.readouterr().out
+  assert 'listops-1000: generated (seed 3)' in printed
+  manifest = json.load(open(os.path.join(out, 'prepared.json')))
+  assert manifest['listops_generated']['settings']['seed'] == 3
+  config = task_config('listops', data_dir=out)
+  config.data.max_length = 64
+  data = listops.get_datasets(config, out)
+  assert data.notes['data_source'] == 'generated'
+  assert (len(data.train), len(data.eval), len(data.test)) == (12, 4, 4)
+  # A folder of release files is never overwritten by generated ones.
+  release = str(tmp_path / 'rel')
+  _task_folders(release)
+  assert prepare.main(['--generate_listops', '--out', release]) == 1
+  assert 'already holds release data' in capsys.readouterr().err
