@@ -380,6 +380,24 @@ def get_model_spec(config: Any) -> dict[str, Any]:
           'dual': False}
 
 
+def _refuse_second_copy(root: str, resolution: int) -> None:
+  """The LRA archive's nested layout has a second `pathfinder128` beside
+  its inner `lra_release/` folder (P20); given the outer folder, both would
+  match. Raises instead of picking one silently."""
+  name = f'pathfinder{resolution}'
+  here = os.path.join(root, name)
+  inner = os.path.join(root, 'lra_release', name)
+  if os.path.isdir(here) and os.path.isdir(inner):
+    raise ValueError(
+        f'config.data_dir={root!r} holds two copies of {name}: {here} and '
+        f'{inner} (the nested layout of the LRA archive, which does not say '
+        'which is right). Point config.data_dir at the folder of the copy '
+        f'you mean ({os.path.join(root, "lra_release")} for the one beside '
+        'the other tasks), or prepare the release once with `python -m '
+        'lra_msmra.data.prepare --lra_release ... --out DIR '
+        '--pathfinder128_copy main|extra` and use DIR.')
+
+
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The Pathfinder / Path-X splits for `config` (module docstring)."""
   _check_data_config(config.data)
@@ -396,6 +414,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
           '{imgs,metadata} (the lra_release folder, or the folder written '
           'by `python -m lra_msmra.data.prepare`).')
   folder = folder_path(root, data.resolution, data.difficulty)
+  if source == 'release':
+    _refuse_second_copy(root, data.resolution)
   examples = read_metadata(folder)
   length = data.pad_to_length or data.resolution ** 2
   sources, skipped, counts = {}, {}, {}
