@@ -16,7 +16,7 @@ same protocol (`lra_msmra.published`): the official LRA leaderboard for
 `lra`, Xiong et al.'s table for `xiong`, the CST paper's re-tuned table for
 `cst`, plus every paper's own rows for the mechanisms we ran. Every row
 names its protocol and source. Numbers of different protocols are not
-comparable (PROTOCOL §9).
+comparable (docs/protocol.md §9.2).
 
 The bubble chart (`results_bubble.png`) plots, as the CST and AdaMRA papers
 do, the LRA average (y) against speed relative to softmax (x), circle area
@@ -162,8 +162,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
   lines = ['# LRA results', '',
            'Test accuracy in %. "ours" rows: mean ± standard deviation over '
            'seeds (n runs); Avg = mean of the five tasks without Path-X. '
-           'Rows of different protocols are not comparable (PROTOCOL §9): '
-           'each row names its protocol.', '']
+           'Rows of different protocols are not comparable '
+           '(docs/protocol.md §9.2): each row names its protocol.', '']
   protocols = sorted({r['protocol'] for r in rows},
                      key=lambda p: list(published.PROTOCOL_TITLES).index(p)
                      if p in published.PROTOCOL_TITLES else 99)
