@@ -11,7 +11,8 @@ repository's own documents in these forms:
   §5, `### 5.1 Title` is §5.1.
 * `P<n>`: a pitfall id; it must be a `### P<n>. Title` heading of
   docs/protocol.md, where the ids run from P1 without gaps.
-* `paper §N` is a section of the mechanism's paper, which we cannot check.
+* `paper §N` (or `arXiv:<id>, §N`) is a section of a paper, which we cannot
+  check.
 * In docs/*.md, any other `§N.M` is a section of the same file; anywhere
   else a `§` must belong to a docs reference or a paper reference.
 
@@ -42,7 +43,10 @@ FIRST = re.compile(r'`?[ \t]*(?:\n[ \t]*(?:#[ \t]*)?)?§(' + SECTION + ')')
 MORE = re.compile(r'[ \t]*(?:\n[ \t]*(?:#[ \t]*)?)?(?:,|and|or)[ \t]*'
                   r'(?:\n[ \t]*(?:#[ \t]*)?)?§(' + SECTION + ')')
 PITFALL = re.compile(r'(?<![\w/.-])P(\d{1,2})(?![\w])')
-PAPER = re.compile(r'\bpaper\s*$', re.IGNORECASE)
+# A paper's own section: `paper §4.1`, or after its arXiv id,
+# `arXiv:1904.10509, §4.3`.
+PAPER = re.compile(r'(?:\bpaper|\barXiv:\d{4}\.\d{4,5}(?:v\d+)?,?)\s*$',
+                   re.IGNORECASE)
 # Built from parts so that this file does not contain them itself.
 NOTES = re.compile(r'\b(?:' + 'PROTO' + 'COL' + '|' + 'ATTEN' + 'TIONS'
                    + r')\b')
@@ -224,7 +228,8 @@ def tree(tmp_path):
 
 def test_valid_references_pass(tree):
   _write(tree, 'lra_msmra/a.py', '\n'.join([
-      '"""Uses docs/protocol.md §1.1, §12 and §1 (P2), paper §4.1.',
+      '"""Uses docs/protocol.md §1.1, §12 and §1 (P2), paper §4.1,',
+      'arXiv:1904.10509, §4.3.',
       '',
       'Also (docs/protocol.md',
       '§1) and docs/mechanisms/m.md §3; docs/protocol.md alone.',
