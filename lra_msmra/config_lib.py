@@ -5,10 +5,12 @@ Config files live in `configs/<task>/` and expose `get_config(arg)`, where
 `configs/listops/transformer.py:xiong,runlocal`. Options:
 
 * `runlocal`: a tiny model and data for a CPU run of a few minutes.
-* `xiong`: the PyTorch protocol of Xiong et al. (Nyströmformer), PROTOCOL §8.
-* `cst`: the re-tuned protocol of the CST paper, ATTENTIONS §1.7.
+* `xiong`: the PyTorch protocol of Xiong et al. (Nyströmformer),
+  docs/protocol.md §8.
+* `cst`: the re-tuned protocol of the CST paper, docs/protocol.md §9.1.
 
-Without a protocol option a config is the official LRA one (PROTOCOL §5).
+Without a protocol option a config is the official LRA one (docs/protocol.md
+§5).
 
 Shape of a config (batch sizes are global, across all devices and hosts)::
 
@@ -141,7 +143,10 @@ def default_config() -> ml_collections.ConfigDict:
 
 def lra_optimizer(weight_decay: float, grad_clip_norm: float = 0.0
                   ) -> ml_collections.ConfigDict:
-  """Adam(0.9, 0.98, 1e-9) with LR-scaled decoupled weight decay (§4.1)."""
+  """Adam(0.9, 0.98, 1e-9) with LR-scaled decoupled weight decay.
+
+  See docs/protocol.md §4.1.
+  """
   return ml_collections.ConfigDict(dict(
       name='adam', b1=0.9, b2=0.98, eps=1e-9, weight_decay=weight_decay,
       grad_clip_norm=grad_clip_norm))
@@ -150,7 +155,10 @@ def lra_optimizer(weight_decay: float, grad_clip_norm: float = 0.0
 def factor_schedule(base_learning_rate: float, warmup_steps: int,
                     factors: str = 'constant*linear_warmup*rsqrt_decay'
                     ) -> ml_collections.ConfigDict:
-  """LRA factor schedule (§4.2); steps_per_cycle -1 = num_train_steps."""
+  """LRA factor schedule (docs/protocol.md §4.2).
+
+  steps_per_cycle -1 stands for num_train_steps.
+  """
   return ml_collections.ConfigDict(dict(
       name='factors', factors=factors, base_learning_rate=base_learning_rate,
       warmup_steps=warmup_steps, steps_per_cycle=-1, decay_factor=0.5,
@@ -160,7 +168,7 @@ def factor_schedule(base_learning_rate: float, warmup_steps: int,
 def apply_xiong(c: ml_collections.ConfigDict, *, learning_rate: float,
                 warmup_steps: int, num_train_steps: int, batch_size: int,
                 eval_every_steps: int, pos_table_len: int) -> None:
-  """The Xiong et al. protocol (PROTOCOL §8): model, optimizer, schedule.
+  """Model, optimizer and schedule of Xiong et al. (docs/protocol.md §8).
 
   Args:
     c: config to modify in place.
@@ -201,7 +209,7 @@ def apply_xiong(c: ml_collections.ConfigDict, *, learning_rate: float,
 def apply_cst(c: ml_collections.ConfigDict, *, learning_rate: float,
               warmup_steps: int, num_train_steps: int, batch_size: int,
               eval_every_steps: int) -> None:
-  """The CST paper's protocol (ATTENTIONS §1.7, CST Table 6).
+  """The CST paper's protocol (docs/protocol.md §9.1, CST Table 6).
 
   2 pre-LN layers, D = 256, FFN 1024, 4 heads, dropout 0.1, mean pooling
   over real tokens, FC(1024)-ReLU-FC head, AdamW with linear warmup and linear

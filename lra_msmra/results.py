@@ -16,7 +16,7 @@ same protocol (`lra_msmra.published`): the official LRA leaderboard for
 `lra`, Xiong et al.'s table for `xiong`, the CST paper's re-tuned table for
 `cst`, plus every paper's own rows for the mechanisms we ran. Every row
 names its protocol and source. Numbers of different protocols are not
-comparable (PROTOCOL §9).
+comparable (docs/protocol.md §9.2).
 
 The bubble chart (`results_bubble.png`) plots, as the CST and AdaMRA papers
 do, the LRA average (y) against speed relative to softmax (x), circle area
@@ -275,7 +275,8 @@ def markdown(rows: Sequence[Mapping[str, Any]],
            'Test accuracy in %. "ours" rows: mean ± standard deviation over '
            'seeds (n runs) of runs with the same setting; Avg = mean of the '
            'five tasks without Path-X. Rows of different protocols are not '
-           'comparable (docs/protocol.md): each row names its protocol. Only '
+           'comparable (docs/protocol.md §9.2): each row names its protocol. '
+           'Only '
            'runs of an unmodified config file of the repository, on '
            'released or generated data, are listed beside the published '
            'numbers; generated data is named in the row.', '']

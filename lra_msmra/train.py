@@ -5,7 +5,7 @@ build the model and optimizer, `jax.eval_shape` the train state, derive its
 shardings, restore the newest readable checkpoint or initialise under `jit`
 with those shardings, then run `jit(train_step, donate_argnums=0)`.
 
-Loop semantics (compare PROTOCOL §4.3):
+Loop semantics (compare docs/protocol.md §4.3):
 
 * `step` counts updates done. Training batch k (0-based) is fixed by the seed
   and k, so a resumed run continues with exactly the batches it would have

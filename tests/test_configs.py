@@ -1,5 +1,5 @@
 """Every config file loads, validates, names a registered attention, and keeps
-the LRA parameter budget (PROTOCOL §10.2, §11)."""
+the LRA parameter budget (docs/protocol.md §10.2, §11)."""
 
 import glob
 import os
@@ -21,7 +21,7 @@ CONFIG_FILES = sorted(
     and os.path.basename(os.path.dirname(f)) != 'common')
 IDS = [os.path.relpath(f, ROOT) for f in CONFIG_FILES]
 
-# Parameters of the LRA Transformer of each task (PROTOCOL §11).
+# Parameters of the LRA Transformer of each task (docs/protocol.md §11).
 LRA_BUDGET = {
     'listops': 8_948_746,
     'text': 3_486_722,

@@ -1,4 +1,4 @@
-r"""Image (sequential grayscale CIFAR-10) base config: official LRA (PROTOCOL §5.4).
+r"""Image base config: the official LRA setup (docs/protocol.md §5.4).
 
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
@@ -13,7 +13,7 @@ Pixels (0..255, grayscale exactly as TF's rgb_to_grayscale, P22) are tokens,
 row-major, 1024 per image; black pixels count as padding as in LRA (P8,
 `model.mask_padding`). LRA evaluates 39 batches of a 5000-image validation
 split that only has 19 (P15); we evaluate the whole split.
-LRA reports 42.44% for the Transformer (PROTOCOL §10.1).
+LRA reports 42.44% for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections

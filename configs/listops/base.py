@@ -1,17 +1,17 @@
-r"""ListOps base config: the official LRA setup (PROTOCOL §5.1).
+r"""ListOps base config: the official LRA setup (docs/protocol.md §5.1).
 
 Options after the file name (comma-separated):
   runlocal  short generated expressions and a small model: a few minutes on
             a 2-core CPU, no data needed.
-  xiong     the PyTorch protocol of Xiong et al. (PROTOCOL §8).
-  cst       the CST paper's re-tuned protocol (ATTENTIONS §1.7).
+  xiong     the PyTorch protocol of Xiong et al. (docs/protocol.md §8).
+  cst       the CST paper's re-tuned protocol (docs/protocol.md §9.1).
 
 Official run (one host, any number of devices; batch sizes are global):
 
   python -m lra_msmra.main --config configs/listops/transformer.py \
       --config.data_dir=/path/to/lra_release/listops-1000 --workdir DIR
 
-LRA reports 36.37% test accuracy for the Transformer (PROTOCOL §10.1).
+LRA reports 36.37% test accuracy for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections

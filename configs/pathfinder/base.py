@@ -1,4 +1,4 @@
-r"""Pathfinder (32x32, hard) base config: official LRA (PROTOCOL §5.5).
+r"""Pathfinder (32x32, hard) base config: official LRA (docs/protocol.md §5.5).
 
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
@@ -12,7 +12,7 @@ small synthetic set in the release layout is generated.
 `data.difficulty` picks curv_baseline ('easy'), curv_contour_length_9
 ('intermediate', used by the Combiner paper) or curv_contour_length_14
 ('hard', LRA's "Path"). MEAN pooling is unmasked as in LRA (P9).
-LRA reports 71.40% for the Transformer (PROTOCOL §10.1).
+LRA reports 71.40% for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections

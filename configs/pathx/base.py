@@ -1,4 +1,4 @@
-r"""Path-X (Pathfinder 128x128, hard) base config: official LRA (PROTOCOL §5.6).
+r"""Path-X base config: the official LRA setup (docs/protocol.md §5.6).
 
 Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
 

@@ -1,4 +1,4 @@
-r"""Retrieval (byte-level AAN matching) base config: official LRA (PROTOCOL §5.3).
+r"""Retrieval base config: the official LRA setup (docs/protocol.md §5.3).
 
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
@@ -9,11 +9,11 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 release's `tsv_data` folder; left empty, tiny TSVs in the official format are
 generated.
 
-The dual encoder of PROTOCOL §3.2 (fixes P1): one shared encoder per document,
-LRA head = position-0 pooling (no CLS token, P2), [u, v], MLP 512-256-2; the
-`xiong` head = mean pooling, [u, v, u*v, u-v], MLP 128-2. LRA trains 5000 steps
-with 8000 warmup steps, so the LR never peaks (P3); kept for fidelity.
-LRA reports 57.46% for the Transformer (PROTOCOL §10.1).
+The dual encoder of docs/protocol.md §3.2 (fixes P1): one shared encoder per
+document, LRA head = position-0 pooling (no CLS token, P2), [u, v], MLP
+512-256-2; the `xiong` head = mean pooling, [u, v, u*v, u-v], MLP 128-2. LRA
+trains 5000 steps with 8000 warmup steps, so the LR never peaks (P3); kept for
+fidelity. LRA reports 57.46% for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections

@@ -1,4 +1,4 @@
-r"""Text (byte-level IMDb) base config: the official LRA setup (PROTOCOL §5.2).
+r"""Text (byte-level IMDb) base config: official LRA (docs/protocol.md §5.2).
 
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
@@ -13,7 +13,7 @@ LRA's config truncates at 1000 bytes (`data.max_length`); the papers use 4000
 (P4): the `xiong` and `cst` options use 4000, and `--config.data.max_length=
 4000` gives the LRA setup at the papers' length. IMDb has no validation split:
 validation is the test split (P5), which results.json records.
-LRA reports 64.27% for the Transformer (PROTOCOL §10.1).
+LRA reports 64.27% for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections

@@ -1,4 +1,4 @@
-"""Image: sequential grayscale CIFAR-10 (PROTOCOL §5.4).
+"""Image: sequential grayscale CIFAR-10 (docs/protocol.md §5.4).
 
 As LRA (`image/input_pipeline.py`, `get_cifar10_datasets`):
 

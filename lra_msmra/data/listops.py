@@ -1,6 +1,6 @@
 """ListOps: the LRA generator algorithm and a reader of the released TSVs.
 
-Generator (PROTOCOL §6): the LRA tree sampler (`lra_benchmarks/data/
+Generator (docs/protocol.md §6): the LRA tree sampler (`lra_benchmarks/data/
 listops.py`) with the same random draws in the same order, the same
 serialisation and the same label semantics (MED = int(numpy.median), SM = sum
 mod 10), writing the official format: `{task}_{train,val,test}.tsv`, a header
@@ -8,8 +8,8 @@ mod 10), writing the official format: `{task}_{train,val,test}.tsv`, a header
 sampled trees in sampling order instead of Python set order, so a seed always
 gives the same files.
 
-Reader (PROTOCOL §5.1): `]` becomes `X`, parentheses are dropped, tokens are
-split on whitespace and mapped through a fixed, sorted vocabulary, so token
+Reader (docs/protocol.md §5.1): `]` becomes `X`, parentheses are dropped, tokens
+are split on whitespace and mapped through a fixed, sorted vocabulary, so token
 ids never depend on the process (fixes P6). Ids 1..15 are the 15 symbols, 0 is
 padding and 16 is the out-of-vocabulary id LRA's encoder reserves, giving LRA's
 vocabulary size of 17; our reader rejects unknown tokens instead of mapping

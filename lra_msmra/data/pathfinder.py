@@ -1,5 +1,6 @@
-"""Pathfinder and Path-X, read straight from the LRA release (PROTOCOL §5.5,
-§5.6, §7).
+"""Pathfinder and Path-X, read straight from the LRA release.
+
+The protocol is in docs/protocol.md §5.5, §5.6 and §7.
 
 Layout (the release's `pathfinder{32,64,128,256}` folders, or a folder
 written by `python -m lra_msmra.data.prepare`)::

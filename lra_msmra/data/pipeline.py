@@ -6,8 +6,8 @@ depends on hidden iterator state:
 
 * Training batch `step` is a pure function of `(seed, step)`, so the data
   position of a run is its step and a resumed run sees exactly the batches it
-  would have seen (PROTOCOL §4.3 notes that LRA's tf.data pipelines are not
-  seeded). Two orders exist (P10), chosen by the training split's
+  would have seen (docs/protocol.md §4.3 notes that LRA's tf.data pipelines are
+  not seeded). Two orders exist (P10), chosen by the training split's
   `train_shuffle` (see `with_train_shuffle`):
 
   - `'examples'` (default): batch `step` holds stream positions

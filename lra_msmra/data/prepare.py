@@ -2,7 +2,7 @@ r"""Turns what a user downloads into the folder every task config reads.
 
   python -m lra_msmra.data.prepare --lra_release PATH --out DIR [--tfds]
 
-What to download (PROTOCOL §2):
+What to download (docs/protocol.md §2):
 
 * The LRA release, `lra_release.gz` (a gzipped tar, ~8 GB, ~19 GB
   unpacked) from https://storage.googleapis.com/long-range-arena/

@@ -1,4 +1,4 @@
-"""Retrieval: byte-level AAN document matching (PROTOCOL §5.3).
+"""Retrieval: byte-level AAN document matching (docs/protocol.md §5.3).
 
 Files (the `tsv_data` folder of the LRA release):
 `new_aan_pairs.{train,eval,test}.tsv`, no header, tab-separated, quoting off,
@@ -12,8 +12,8 @@ vocabulary 257), truncated to `max_length` (4000) and zero-padded, the two
 documents independently. Documents are stored as raw bytes and padded at
 batch time (147k pairs x 2 x 4000 ids would not fit comfortably in memory).
 
-Model (not here, see lra_msmra/models.py): the dual encoder of PROTOCOL §3.2;
-LRA's head (position-0 pooling, `[u, v]`) or Xiong et al.'s (mean pooling,
+Model (not here, see lra_msmra/models.py): the dual encoder of docs/protocol.md
+§3.2; LRA's head (position-0 pooling, `[u, v]`) or Xiong et al.'s (mean pooling,
 `[u, v, u*v, u-v]`) by config. LRA's training script crashes at HEAD (P1);
 this pipeline with that model is the fix.
 

@@ -1,4 +1,4 @@
-"""Text: byte-level IMDb review classification (PROTOCOL §5.2).
+"""Text: byte-level IMDb review classification (docs/protocol.md §5.2).
 
 As LRA (`text_classification/input_pipeline.py`):
 

@@ -1,8 +1,8 @@
 """TFDS reading shared by the Text (IMDb) and Image (CIFAR-10) pipelines.
 
-LRA reads both datasets with `tfds.load` (PROTOCOL §5.2, §5.4); so do we, and
-then hold the splits as numpy arrays. TensorFlow and TFDS are imported inside
-the functions only, so importing `lra_msmra` stays fast and TF-free.
+LRA reads both datasets with `tfds.load` (docs/protocol.md §5.2, §5.4); so do
+we, and then hold the splits as numpy arrays. TensorFlow and TFDS are imported
+inside the functions only, so importing `lra_msmra` stays fast and TF-free.
 
 Where the data lives: `config.data_dir` is either the folder written by
 `python -m lra_msmra.data.prepare` (its `tensorflow_datasets/` subfolder is
