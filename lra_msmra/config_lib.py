@@ -116,7 +116,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Padding mask = (id > 0), for pixels too, as LRA does (P8).
   m.mask_padding = True
   m.causal = False
-  # Hidden sizes of the classifier MLP (LRA: one layer of mlp_dim).
+  # Hidden sizes of the classifier MLP. LRA uses one layer of mlp_dim; the
+  # value is set explicitly and does not follow an override of mlp_dim
+  # (override both to keep them equal).
   m.head_hidden = (1024,)
   # Retrieval only: 'concat' [u, v] (LRA) or 'nli' [u, v, u*v, u-v].
   m.dual_interaction = 'concat'
