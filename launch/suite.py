@@ -75,6 +75,20 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
   return runs
 
 
+def check_data(args: argparse.Namespace) -> None:
+  """Full configs need data: stop before the first run if none is given."""
+  asked = (args.data_dir or 'runlocal' in _split(args.options) or
+           any(o.replace(' ', '') == 'data.generate=True'
+               for o in args.override))
+  if not asked:
+    raise SystemExit(
+        'No --data_dir: full configs need their data (see README, Data). '
+        'Prepare it with `python -m lra_msmra.data.prepare --lra_release '
+        'lra_release.gz --out DIR` (ListOps also: `--generate_listops`) and '
+        'pass --data_dir DIR, or use --options runlocal for the tiny CPU '
+        'jobs.')
+
+
 def main(argv: Sequence[str]) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--protocol', default='lra', choices=PROTOCOLS)
@@ -94,6 +108,7 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument('--dry_run', action='store_true',
                  help='print the commands without running them')
   args = p.parse_args(argv)
+  check_data(args)
   runs = plan(args)
   failed = []
   for workdir, cmd in runs:

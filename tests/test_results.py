@@ -281,3 +281,14 @@ def test_curves_collect_and_rebuild(tmp_path):
   again = tmp_path / 'again'
   results.main(['results', '--runs', str(copy), '--out', str(again)])
   assert (again / 'results.md').read_text() == text
+
+
+def test_suite_without_data_stops_before_running(tmp_path):
+  cmd = [sys.executable, 'launch/suite.py', '--protocol', 'xiong',
+         '--mechanisms', 'cst', '--tasks', 'listops', '--root',
+         str(tmp_path), '--dry_run']
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode != 0
+  assert 'lra_msmra.data.prepare' in done.stderr
+  assert 'lra_msmra.main' not in done.stdout
