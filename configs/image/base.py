@@ -6,8 +6,9 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
---out /path/to/prepared` (or any TFDS data dir with `cifar10`); left empty,
-generated images are served through tfds.testing.mock_data.
+--out /path/to/prepared` (or any TFDS data dir with `cifar10`); with
+`data.generate=True` (the `runlocal` option), mock images are served through
+tfds.testing.mock_data.
 
 Pixels (0..255, grayscale exactly as TF's rgb_to_grayscale, P22) are tokens,
 row-major, 1024 per image; black pixels count as padding as in LRA (P8,

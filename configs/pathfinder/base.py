@@ -6,8 +6,9 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
-the release folder holding pathfinder32/ ... pathfinder256/); left empty, a
-small synthetic set in the release layout is generated.
+the release folder holding pathfinder32/ ... pathfinder256/); with
+`data.generate=True` (the `runlocal` option), a small mock set in the release
+layout is generated.
 
 `data.difficulty` picks curv_baseline ('easy'), curv_contour_length_9
 ('intermediate', used by the Combiner paper) or curv_contour_length_14

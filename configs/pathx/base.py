@@ -6,8 +6,9 @@ Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
-the release folder holding pathfinder32/ ... pathfinder256/); left empty, a
-small synthetic set in the release layout is generated.
+the release folder holding pathfinder32/ ... pathfinder256/); with
+`data.generate=True` (the `runlocal` option), a small mock set in the release
+layout is generated.
 
 16384 tokens per image; every model of the LRA paper FAILs (chance level).
 Full softmax attention at this length needs a large accelerator.

@@ -6,8 +6,8 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare` or the
-release's `tsv_data` folder; left empty, tiny TSVs in the official format are
-generated.
+release's `tsv_data` folder; with `data.generate=True` (the `runlocal`
+option), tiny mock TSVs in the official format are generated.
 
 The dual encoder of docs/protocol.md §3.2 (fixes P1): one shared encoder per
 document, LRA head = position-0 pooling (no CLS token, P2), [u, v], MLP

@@ -6,8 +6,9 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
---out /path/to/prepared` (or any TFDS data dir with `imdb_reviews`); left
-empty, generated reviews are served through tfds.testing.mock_data.
+--out /path/to/prepared` (or any TFDS data dir with `imdb_reviews`); with
+`data.generate=True` (the `runlocal` option), mock reviews are served through
+tfds.testing.mock_data.
 
 LRA's config truncates at 1000 bytes (`data.max_length`); the papers use 4000
 (P4): the `xiong` and `cst` options use 4000, and `--config.data.max_length=

@@ -22,14 +22,15 @@ Where we differ: LRA evaluates whole batches only (`drop_remainder`: 9,984
 test images, and 39 validation batches of a split that has 19, P15); we
 evaluate every image once.
 
-Without `config.data_dir` (runlocal, tests) the same `tfds.load` path reads
+With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path reads
 generated images through `tfds.testing.mock_data` (`synthetic_images`).
 
 config.data keys:
   pad_to_length: zero-pad the 1024 tokens further to this length (0 = none;
     the xiong option sets 1024, a no-op kept for its uniform config).
   shuffle: 'batches' (LRA) or 'examples'.
-  generate: {num_train, num_test, seed}, used only without data_dir; the
+  generate: True for mock images instead of data_dir (see DATA_SOURCES).
+  generator: {num_train, num_test, seed}, used only with generate; the
     generated `train` split is sliced 90/10 like the real one.
 """
 
@@ -109,7 +110,7 @@ def _check_data_config(data: Any) -> None:
 
 
 def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """Reads the three splits through `tfds.load` (mocked without data_dir)."""
+  """Reads the three splits through `tfds.load` (mocked with data.generate)."""
   specs = tuple(SPLITS.values())
   fields = ('image', 'label')
   if not config.data.generate:

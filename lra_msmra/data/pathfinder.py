@@ -45,7 +45,7 @@ line (LRA drops the last element after splitting on newlines, which would
 lose it); blank lines and malformed lines raise instead of crashing later;
 LRA drops the last partial evaluation batch, we evaluate every image.
 
-Without `config.data_dir`, a small synthetic set in exactly this layout is
+With `config.data.generate=True`, a small mock set in exactly this layout is
 generated into `<workdir>/data/pathfinder` (`generate_dataset`): two dashed
 curves and two markers per image, label 1 iff both markers sit on the ends
 of the same curve, plus one empty PNG as in the release.
@@ -56,7 +56,8 @@ config.data keys:
   pad_to_length: zero-pad the R * R tokens further to this length (0 =
     none; the xiong option sets 1024, a no-op at 32 x 32).
   shuffle: 'batches' (LRA) or 'examples'.
-  generate: {num_examples, seed}, used only without data_dir.
+  generate: True for mock images instead of data_dir.
+  generator: {num_examples, seed}, used only with generate.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def read_metadata(folder: str) -> list[Example]:
         f'Pathfinder metadata folder {meta_dir} not found. config.data_dir '
         'must hold pathfinder<R>/<difficulty>/{imgs,metadata} (the '
         'lra_release folder, or the folder written by `python -m '
-        'lra_msmra.data.prepare`); leave it empty to generate data.')
+        'lra_msmra.data.prepare`).')
   files = sorted(glob.glob(os.path.join(meta_dir, '*.npy')), key=_natural_key)
   if not files:
     raise FileNotFoundError(f'No metadata/*.npy files in {folder}.')

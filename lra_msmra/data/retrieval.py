@@ -21,17 +21,18 @@ Where we differ: LRA drops the last partial batch of every split
 (17,408 of 17,437 test pairs); we evaluate every pair once. A trailing
 carriage return of a line is dropped (files written with CRLF line ends).
 
-Without `config.data_dir`, tiny TSVs in the official format are generated
-into `<workdir>/data/retrieval` (`generate_dataset`) and read back by the
-same reader. `data_dir` may be the `tsv_data` folder itself or a prepared
+With `config.data.generate=True`, tiny mock TSVs in the official format are
+generated into `<workdir>/data/retrieval` (`generate_dataset`) and read back
+by the same reader. `data_dir` may be the `tsv_data` folder itself or a prepared
 folder (`python -m lra_msmra.data.prepare`) that contains it.
 
 config.data keys:
   max_length: bytes kept per document.
   pad_to_length: zero-pad further to this length (0 = max_length).
   shuffle: 'examples' or 'batches' (P10; LRA shuffles examples here).
-  generate: {num_train, num_valid, num_test, seed}, used only without
-    data_dir.
+  generate: True for mock pairs instead of data_dir.
+  generator: {num_train, num_valid, num_test, seed}, used only with
+    generate.
 """
 
 from __future__ import annotations
@@ -93,8 +94,7 @@ def read_tsv(path: str) -> tuple[list[np.ndarray], list[np.ndarray],
     raise FileNotFoundError(
         f'Retrieval file {path} not found. Point config.data_dir at the '
         f'`{SUBDIR}` folder of the LRA release (or at the folder written by '
-        '`python -m lra_msmra.data.prepare`), or leave it empty to generate '
-        'data locally.')
+        '`python -m lra_msmra.data.prepare`).')
   texts1, texts2, labels = [], [], []
   with open(path, 'rb') as f:
     for line_no, line in enumerate(f, start=1):

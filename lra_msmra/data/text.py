@@ -18,14 +18,15 @@ whole split every epoch, seeded (`data.shuffle`, P10). LRA's last evaluation
 batch is partial; ours is padded with zero-weight copies, so every example
 counts once either way.
 
-Without `config.data_dir` (runlocal, tests) the same `tfds.load` path reads
+With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path reads
 generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
 
 config.data keys:
   max_length: bytes kept per review.
   pad_to_length: zero-pad further to this length (0 = max_length).
   shuffle: 'examples' or 'batches' (P10; LRA shuffles examples here).
-  generate: {num_train, num_test, seed}, used only without data_dir.
+  generate: True for mock reviews instead of data_dir.
+  generator: {num_train, num_test, seed}, used only with generate.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """Reads train and test through `tfds.load` (mocked without data_dir)."""
+  """Reads train and test through `tfds.load` (mocked with data.generate)."""
   splits = ('train', 'test')
   if not config.data.generate:
     tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
