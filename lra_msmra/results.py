@@ -307,6 +307,19 @@ def markdown(rows: Sequence[Mapping[str, Any]],
                 _table(header, table), '']
       if notes:
         lines += [f'[{i}] {n}' for i, n in enumerate(notes, 1)] + ['']
+      others = [r for r in published.ALL_ROWS
+                if r.protocol != protocol and r.mechanism in
+                {o['attention'] for o in official} - {'softmax'}]
+      if others:
+        lines += ['The same mechanisms as published under other protocols '
+                  '(other model sizes and training: not comparable with '
+                  'the table above):', '', _table(header, [
+                      [ref.model, published.PROTOCOL_TITLES.get(
+                          ref.protocol, ref.protocol), ref.source]
+                      + [f'{ref.scores[t]:.2f}' if t in ref.scores else '—'
+                         for t in TASKS]
+                      + ['—' if ref.avg is None else f'{ref.avg:.2f}']
+                      for ref in others]), '']
     if changed:
       lines += [f'## {title} (`{protocol}`), changed settings', '',
                 'Not comparable with the published rows: each label names '
@@ -640,6 +653,25 @@ def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
   return written
 
 
+DOC_BEGIN, DOC_END = '<!-- results:begin -->', '<!-- results:end -->'
+
+
+def write_doc(path: str, text: str) -> None:
+  """Replaces the text between the results markers of a markdown file;
+  the tables' headings go one level down (## -> ###)."""
+  with open(path) as f:
+    doc = f.read()
+  if DOC_BEGIN not in doc or DOC_END not in doc:
+    raise SystemExit(f'{path} lacks the markers {DOC_BEGIN} and {DOC_END}.')
+  body = text.split('\n', 2)[2] if text.startswith('# ') else text
+  body = '\n'.join('#' + line if line.startswith('## ') else line
+                   for line in body.splitlines())
+  head, rest = doc.split(DOC_BEGIN, 1)
+  _, tail = rest.split(DOC_END, 1)
+  with open(path, 'w') as f:
+    f.write(f'{head}{DOC_BEGIN}\n{body.strip()}\n{DOC_END}{tail}')
+
+
 def main(argv: Sequence[str]) -> None:
   parser = argparse.ArgumentParser(
       prog='python -m lra_msmra.results',
@@ -653,6 +685,10 @@ def main(argv: Sequence[str]) -> None:
                       help='train_step.json for the chart\'s speed and '
                            'memory')
   parser.add_argument('--bubble_length', type=int, default=None)
+  parser.add_argument('--doc', default=None,
+                      help='markdown file whose text between '
+                           f'{DOC_BEGIN} and {DOC_END} to replace with the '
+                           'tables (the "# LRA results" title left out)')
   parser.add_argument('--collect', default=None,
                       help='also copy every run\'s results.json, config.json '
                            'and metrics.jsonl (no checkpoints, no machine '
@@ -684,6 +720,8 @@ def main(argv: Sequence[str]) -> None:
                       + [''])
   if args.collect:
     collect(run_dirs, args.runs, args.collect)
+  if args.doc:
+    write_doc(args.doc, text)
   bench = None
   if args.benchmark:
     with open(args.benchmark) as f:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -292,3 +293,19 @@ def test_suite_without_data_stops_before_running(tmp_path):
   assert done.returncode != 0
   assert 'lra_msmra.data.prepare' in done.stderr
   assert 'lra_msmra.main' not in done.stdout
+
+
+def test_committed_listops_results_rebuild_from_their_copy(tmp_path):
+  """docs/results.md's ListOps table is what the documented command builds
+  from the committed run files."""
+  committed = os.path.join(ROOT, 'docs', 'results', 'listops_xiong')
+  runs = tmp_path / 'runs'
+  shutil.copytree(os.path.join(committed, 'runs'), runs)
+  doc = tmp_path / 'results.md'
+  shutil.copy(os.path.join(ROOT, 'docs', 'results.md'), doc)
+  results.main(['results', '--runs', str(runs), '--out', str(tmp_path / 'o'),
+                '--doc', str(doc)])
+  with open(os.path.join(committed, 'summary', 'results.md')) as f:
+    assert (tmp_path / 'o' / 'results.md').read_text() == f.read()
+  with open(os.path.join(ROOT, 'docs', 'results.md')) as f:
+    assert doc.read_text() == f.read()
