@@ -35,9 +35,9 @@ import subprocess
 import sys
 from typing import Sequence
 
+from lra_msmra import config_lib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
-PROTOCOLS = ('lra', 'xiong', 'cst')
 
 
 def _split(text: str) -> list[str]:
@@ -52,7 +52,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
   runs, missing = [], []
   for task in _split(args.tasks):
     for mech in _split(args.mechanisms):
-      stem = CONFIG_ALIASES.get(mech, mech)
+      stem = config_lib.CONFIG_ALIASES.get(mech, mech)
       config = os.path.join('configs', task, stem + '.py')
       if not os.path.exists(os.path.join(ROOT, config)):
         missing.append(config)
@@ -91,10 +91,11 @@ def check_data(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str]) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  p.add_argument('--protocol', default='lra', choices=PROTOCOLS)
+  p.add_argument('--protocol', default='lra',
+                 choices=config_lib.PROTOCOLS)
   p.add_argument('--mechanisms',
                  default='softmax,cst,long_short,adamra,combiner_fixed')
-  p.add_argument('--tasks', default='listops,text,retrieval,image,pathfinder')
+  p.add_argument('--tasks', default=','.join(config_lib.TASKS[:5]))
   p.add_argument('--seeds', default='0')
   p.add_argument('--root', required=True, help='folder for all workdirs')
   p.add_argument('--options', default='',

@@ -32,6 +32,10 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 
 PROTOCOLS = ('lra', 'xiong', 'cst')
+# The six LRA tasks (configs/<task>/); the first five make the LRA average.
+TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
+# Mechanism names that stand for a config file of another name.
+CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
 OPTIONS = ('runlocal',) + PROTOCOLS[1:]
 DTYPES = ('float32', 'bfloat16')
 
@@ -48,13 +52,6 @@ def parse_arg(arg: str | None, allowed: Iterable[str] = OPTIONS) -> set[str]:
   if len(opts & set(PROTOCOLS)) > 1:
     raise ValueError(f'Choose at most one protocol of {PROTOCOLS[1:]}.')
   return opts
-
-
-def protocol_of(opts: set[str]) -> str:
-  for p in PROTOCOLS[1:]:
-    if p in opts:
-      return p
-  return 'lra'
 
 
 def load_sibling(file: str, name: str):
@@ -340,9 +337,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         f'config.model keys: unknown {sorted(set(config.model.keys()) - model_keys)}'
         f', missing {sorted(model_keys - set(config.model.keys()))}.')
-  if config.task not in data_lib.TASKS:
-    raise ValueError(f'config.task={config.task!r}; valid: '
-                     f'{sorted(data_lib.TASKS)}.')
+  if config.task not in TASKS:
+    raise ValueError(f'config.task={config.task!r}; valid: {list(TASKS)}.')
   if config.protocol not in PROTOCOLS:
     raise ValueError(f'config.protocol={config.protocol!r}; valid: {PROTOCOLS}.')
   if not isinstance(config.data_dir, str):

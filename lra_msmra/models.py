@@ -178,8 +178,10 @@ class Encoder(nn.Module):
     if ids.ndim != 2:
       raise ValueError(f'Encoder expects ids [batch, length], got {ids.shape}.')
     if ids.shape[1] > self.max_len:
-      raise ValueError(f'Input length {ids.shape[1]} exceeds max_len '
-                       f'{self.max_len}; raise config.model.max_len.')
+      raise ValueError(
+          f'Input length {ids.shape[1]} exceeds the model\'s max_len '
+          f'{self.max_len}, which comes from the task data '
+          '(config.data.max_length or config.data.pad_to_length).')
     padding_mask = ids > 0 if self.mask_padding else jnp.ones(ids.shape, bool)
     x = nn.Embed(self.vocab_size, self.emb_dim,
                  embedding_init=nn.initializers.normal(self.emb_init_std),

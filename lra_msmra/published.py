@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional
 
-TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
+from lra_msmra import config_lib
+
+TASKS = config_lib.TASKS
 # The LRA average is over these five (docs/protocol.md §10.1).
 AVERAGE_TASKS = TASKS[:5]
 TASK_TITLES = {'listops': 'ListOps', 'text': 'Text',

@@ -29,11 +29,12 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
+from lra_msmra import config_lib
 from lra_msmra import provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
+TASKS = config_lib.TASKS
 # One config per registered mechanism (variants share their code paths).
 MECHANISMS = ('transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed')
 BEGIN, END = '<!-- runlocal:begin -->', '<!-- runlocal:end -->'

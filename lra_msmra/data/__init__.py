@@ -11,32 +11,26 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lra_msmra.data import pipeline
+from lra_msmra import config_lib
 from lra_msmra.data.pipeline import TaskData
 
-# Task name -> module under lra_msmra.data with get_datasets(config, workdir).
-TASKS = {
-    'listops': 'listops',
-    'text': 'text',
-    'retrieval': 'retrieval',
-    'image': 'image',
-    'pathfinder': 'pathfinder',
-    'pathx': 'pathfinder',
-}
+# Task name (config_lib.TASKS) -> module under lra_msmra.data with
+# get_datasets(config, workdir); Path-X is Pathfinder at 128x128.
+MODULES = {task: 'pathfinder' if task == 'pathx' else task
+           for task in config_lib.TASKS}
 
 
 def _task_module(config: Any):
-  if config.task not in TASKS:
-    raise ValueError(f'Unknown task {config.task!r}; valid: {sorted(TASKS)}.')
-  return importlib.import_module(f'lra_msmra.data.{TASKS[config.task]}')
+  if config.task not in MODULES:
+    raise ValueError(f'Unknown task {config.task!r}; valid: '
+                     f'{list(config_lib.TASKS)}.')
+  return importlib.import_module(f'lra_msmra.data.{MODULES[config.task]}')
 
 
 def data_source(config: Any) -> str:
   """'release', 'generated' or 'mock' (see `pipeline.DATA_SOURCES`); raises,
   saying how to prepare the data, when a config names no source."""
-  module = _task_module(config)
-  return pipeline.data_source(config, module.SYNTHETIC_SOURCE,
-                              module.PREPARE_HINT)
+  return _task_module(config).TASK.source(config)
 
 
 def get_datasets(config: Any, workdir: str) -> TaskData:
@@ -58,5 +52,5 @@ def get_model_spec(config: Any) -> dict[str, Any]:
   return _task_module(config).get_model_spec(config)
 
 
-__all__ = ['TASKS', 'TaskData', 'data_source', 'get_datasets',
+__all__ = ['MODULES', 'TaskData', 'data_source', 'get_datasets',
            'get_model_spec']

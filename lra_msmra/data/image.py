@@ -22,8 +22,8 @@ Where we differ: LRA evaluates whole batches only (`drop_remainder`: 9,984
 test images, and 39 validation batches of a split that has 19, P15); we
 evaluate every image once.
 
-With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path reads
-generated images through `tfds.testing.mock_data` (`synthetic_images`).
+With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path
+reads generated images through `tfds.testing.mock_data` (`synthetic_images`).
 
 config.data keys:
   pad_to_length: zero-pad the 1024 tokens further to this length (0 = none;
@@ -48,17 +48,10 @@ NUM_CLASSES = 10
 SIDE = 32
 TFDS_NAME = 'cifar10'
 SPLITS = {'train': 'train[:90%]', 'eval': 'train[90%:]', 'test': 'test'}
-DATA_KEYS = {'pad_to_length', 'shuffle', 'generator'}
-GENERATOR_KEYS = {'num_train', 'num_test', 'seed'}
 # Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
 BATCH_SHUFFLE_WINDOW = 256
 # ITU-R 601 luma weights as TensorFlow writes them (they sum to 0.9999).
 GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], np.float32)
-# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
-# the real data instead.
-SYNTHETIC_SOURCE = 'mock'
-PREPARE_HINT = ('download CIFAR-10 through TFDS once with `python -m '
-                'lra_msmra.data.prepare --tfds --out DIR`')
 
 
 def rgb_to_grayscale(rgb: np.ndarray) -> np.ndarray:
@@ -104,9 +97,16 @@ def synthetic_images(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   return np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64)
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('image', data, DATA_KEYS, GENERATOR_KEYS)
-  pipeline.check_length(data, SIDE * SIDE)
+TASK = pipeline.Task(
+    name='image', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'pad_to_length', 'shuffle'}),
+    generator_keys=frozenset({'num_test', 'num_train', 'seed'}),
+    synthetic='mock',
+    prepare=('download CIFAR-10 through TFDS once with `python -m '
+             'lra_msmra.data.prepare --tfds --out DIR`'),
+    length=lambda data: SIDE * SIDE)
+get_model_spec = TASK.model_spec
 
 
 def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
@@ -146,12 +146,6 @@ def _source(split: dict[str, np.ndarray], spec: str, length: int
   return pipeline.ArraySource({'inputs': tokens, 'targets': labels})
 
 
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or SIDE * SIDE, 'dual': False}
-
-
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The CIFAR-10 splits for `config` (see the module docstring).
 
@@ -160,10 +154,10 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     workdir: unused (nothing is generated on disk).
   """
   del workdir
-  _check_data_config(config.data)
-  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  TASK.check(config.data)
+  source = TASK.source(config)
   data, origin = _load(config)
-  length = config.data.pad_to_length or SIDE * SIDE
+  length = TASK.max_len(config.data)
   splits = {name: _source(data[spec], spec, length)
             for name, spec in SPLITS.items()}
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,

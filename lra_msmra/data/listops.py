@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import json
 import os
 import random
 import sys
@@ -50,16 +49,6 @@ SPLITS = ('train', 'val', 'test')
 HEADER = ['Source', 'Target']
 
 Tree = Union[int, str, tuple]
-DATA_KEYS = {'task_name', 'max_length', 'pad_to_length', 'generator'}
-GENERATOR_KEYS = {'num_train', 'num_valid', 'num_test', 'min_length',
-                 'max_length', 'max_depth', 'max_args', 'seed'}
-# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
-# the real data instead.
-SYNTHETIC_SOURCE = 'generated'
-PREPARE_HINT = (pipeline.RELEASE_HINT + ', or write it with our seeded '
-                'implementation of the LRA generator: `python -m '
-                'lra_msmra.data.prepare --generate_listops --out DIR`')
-
 
 # ----------------------------------------------------------------- generator
 
@@ -226,9 +215,6 @@ def write_tsv(path: str, rows: list[tuple[str, int]]) -> None:
   os.replace(tmp, path)
 
 
-STAMP_FILE = 'generator.json'
-
-
 def label_histogram(rows: list[tuple[str, int]]) -> list[int]:
   counts = [0] * NUM_CLASSES
   for _, label in rows:
@@ -239,48 +225,51 @@ def label_histogram(rows: list[tuple[str, int]]) -> list[int]:
 def generate_dataset(output_dir: str, *, num_train: int = 96000,
                      num_valid: int = 2000, num_test: int = 2000,
                      task_name: str = 'basic', **kwargs) -> dict[str, str]:
-  """Writes `{task_name}_{train,val,test}.tsv` and `generator.json`.
+  """Writes `{task_name}_{train,val,test}.tsv` once; returns their paths.
 
-  `generator.json` records the generator settings (seed included), the
-  generation time, and per split the example count, label histogram and
-  token-length range; it is written last, so its presence means the three
-  files are complete. Readers use it to record the data as generated.
-  Returns the paths of the three files.
+  `generator.json` (written last, see `pipeline.generate_once`) records the
+  generator settings, seed included, and the generation time and, per
+  split, the example count, label histogram and token-length range. A
+  folder that already holds the data of these settings is left as it is.
+  Readers use the stamp to record the data as generated.
   """
-  os.makedirs(output_dir, exist_ok=True)
-  start = time.time()
-  examples = generate_examples(num_train + num_valid + num_test, **kwargs)
-  cuts = {'train': examples[:num_train],
-          'val': examples[num_train:num_train + num_valid],
-          'test': examples[num_train + num_valid:]}
-  seconds = time.time() - start
-  paths, splits = {}, {}
-  for split, rows in cuts.items():
-    paths[split] = os.path.join(output_dir, f'{task_name}_{split}.tsv')
-    write_tsv(paths[split], rows)
-    lengths = [len(tokenize(source)) for source, _ in rows]
-    splits[split] = {'examples': len(rows),
-                     'label_histogram': label_histogram(rows),
-                     'min_tokens': min(lengths), 'max_tokens': max(lengths),
-                     'mean_tokens': round(sum(lengths) / len(lengths), 1)}
-  settings = dict(num_train=num_train, num_valid=num_valid, num_test=num_test,
-                  **kwargs)
-  stamp = {'settings': settings, 'task_name': task_name,
-           'generation_seconds': round(seconds, 1), 'splits': splits}
-  tmp = os.path.join(output_dir, f'{STAMP_FILE}.tmp{os.getpid()}')
-  with open(tmp, 'w') as f:
-    json.dump(stamp, f, indent=1)
-  os.replace(tmp, os.path.join(output_dir, STAMP_FILE))
+  settings = dict(num_train=num_train, num_valid=num_valid,
+                  num_test=num_test, **kwargs)
+  paths = {split: os.path.join(output_dir, f'{task_name}_{split}.tsv')
+           for split in SPLITS}
+
+  def write() -> dict[str, Any]:
+    os.makedirs(output_dir, exist_ok=True)
+    start = time.time()
+    examples = generate_examples(num_train + num_valid + num_test, **kwargs)
+    seconds = time.time() - start
+    cuts = {'train': examples[:num_train],
+            'val': examples[num_train:num_train + num_valid],
+            'test': examples[num_train + num_valid:]}
+    splits = {}
+    for split, rows in cuts.items():
+      write_tsv(paths[split], rows)
+      lengths = [len(tokenize(source)) for source, _ in rows]
+      splits[split] = {'examples': len(rows),
+                       'label_histogram': label_histogram(rows),
+                       'min_tokens': min(lengths), 'max_tokens': max(lengths),
+                       'mean_tokens': round(sum(lengths) / len(lengths), 1)}
+    return {'generation_seconds': round(seconds, 1), 'splits': splits}
+
+  pipeline.generate_once(output_dir,
+                         {'settings': settings, 'task_name': task_name},
+                         write)
   return paths
 
 
 def read_stamp(folder: str) -> dict[str, Any] | None:
-  """The `generator.json` of a generated folder, or None (released data)."""
-  path = os.path.join(folder, STAMP_FILE)
-  if not os.path.exists(path):
+  """The generator settings and record of a folder our generator wrote
+  (`{'settings', 'task_name', 'generation_seconds', 'splits'}`), or None
+  for any other folder (released data)."""
+  stamp = pipeline.read_generator_stamp(folder)
+  if stamp is None:
     return None
-  with open(path) as f:
-    return json.load(f)
+  return {**stamp['spec'], **stamp['details']}
 
 
 # -------------------------------------------------------------------- reader
@@ -344,8 +333,8 @@ def read_tsv(path: str, max_length: int = 2000
   return ids, np.array(labels, dtype=np.int32)
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('listops', data, DATA_KEYS, GENERATOR_KEYS)
+def _check_data(data: Any) -> None:
+  """ListOps's own checks of config.data: file prefix and generator."""
 
   def is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -353,7 +342,6 @@ def _check_data_config(data: Any) -> None:
   if not isinstance(data.task_name, str) or not data.task_name:
     raise ValueError(f'config.data.task_name={data.task_name!r} must be the '
                      "file prefix of the TSVs, e.g. 'basic'.")
-  pipeline.check_length(data, data.max_length)
   gen = data.generator
   for key, low in (('num_train', 1), ('num_valid', 1), ('num_test', 1),
                    ('min_length', 0), ('max_depth', 1), ('max_args', 2),
@@ -366,9 +354,10 @@ def _check_data_config(data: Any) -> None:
         f'config.data.generator.max_length={gen.max_length!r} must be an '
         f'integer above min_length + 1 = {gen.min_length + 1} (both bounds '
         'are exclusive).')
-  # Generated expressions have at most generate.max_length - 1 tokens; the
-  # reader rejects any longer than data.max_length.
-  if data.generate and gen.max_length - 1 > data.max_length:
+  # Generated expressions have at most generator.max_length - 1 tokens; the
+  # reader rejects any longer than data.max_length (checked after this).
+  if (data.generate and is_int(data.max_length) and
+      gen.max_length - 1 > data.max_length):
     raise ValueError(
         f'config.data.generator.max_length={gen.max_length} allows '
         f'expressions of {gen.max_length - 1} tokens, more than '
@@ -376,23 +365,27 @@ def _check_data_config(data: Any) -> None:
         'the second.')
 
 
+TASK = pipeline.Task(
+    name='listops', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'task_name', 'max_length', 'pad_to_length'}),
+    generator_keys=frozenset({'num_train', 'num_valid', 'num_test',
+                              'min_length', 'max_length', 'max_depth',
+                              'max_args', 'seed'}),
+    synthetic='generated',
+    prepare=(pipeline.RELEASE_HINT + ', or write it with our seeded '
+             'implementation of the LRA generator: `python -m '
+             'lra_msmra.data.prepare --generate_listops --out DIR`'),
+    length=lambda data: data.max_length, extra_check=_check_data)
+get_model_spec = TASK.model_spec
+
+
 def _generated_dir(config: Any, workdir: str) -> str:
   """Generates (once) the data described by config.data.generator."""
-  gen = config.data.generator.to_dict()
   out = os.path.join(workdir, 'data', 'listops')
-  stamp = read_stamp(out)
-  if (stamp is not None and stamp.get('settings') == gen and
-      stamp.get('task_name') == config.data.task_name):
-    return out
-  generate_dataset(out, task_name=config.data.task_name, **gen)
+  generate_dataset(out, task_name=config.data.task_name,
+                   **config.data.generator.to_dict())
   return out
-
-
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.max_length,
-          'dual': False}
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
@@ -401,13 +394,13 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   With `config.data_dir` empty, a dataset is generated from
   `config.data.generator` into `<workdir>/data/listops` (once) and read back.
   """
-  _check_data_config(config.data)
-  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  TASK.check(config.data)
+  source = TASK.source(config)
   if source == 'generated':
     data_dir = _generated_dir(config, workdir)
   else:
     data_dir = _release_dir(config.data_dir, config.data.task_name)
-  length = config.data.pad_to_length or config.data.max_length
+  length = TASK.max_len(config.data)
   splits, labels = {}, {}
   for split in SPLITS:
     path = split_path(data_dir, config.data.task_name, split)

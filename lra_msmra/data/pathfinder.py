@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 import struct
@@ -83,18 +82,11 @@ DIFFICULTIES = {'easy': 'curv_baseline',
                 'hard': 'curv_contour_length_14'}
 # TFDS percent slices of LRA's loader: train, validation, test.
 SPLIT_PERCENTS = {'train': (0, 80), 'eval': (80, 90), 'test': (90, 100)}
-DATA_KEYS = {'resolution', 'difficulty', 'pad_to_length', 'shuffle',
-             'generator'}
-GENERATOR_KEYS = {'num_examples', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
 # Images per generator batch folder imgs/<k> in generated data.
 GENERATED_PER_FOLDER = 500
 # Bumped whenever generated data changes, so stale workdir data is redone.
 GENERATOR_VERSION = 1
-# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
-# the real data instead.
-SYNTHETIC_SOURCE = 'mock'
-PREPARE_HINT = pipeline.RELEASE_HINT
 
 
 class Example(NamedTuple):
@@ -346,15 +338,25 @@ def generate_dataset(root: str, *, resolution: int, difficulty: str,
 # ---------------------------------------------------------------- the task
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('pathfinder', data, DATA_KEYS, GENERATOR_KEYS)
+def _check_data(data: Any) -> None:
+  """Pathfinder's own checks: resolution and difficulty."""
   if data.resolution not in RESOLUTIONS:
     raise ValueError(f'config.data.resolution={data.resolution!r}; valid: '
                      f'{RESOLUTIONS}.')
   if data.difficulty not in DIFFICULTIES:
     raise ValueError(f'config.data.difficulty={data.difficulty!r}; valid: '
                      f'{sorted(DIFFICULTIES)}.')
-  pipeline.check_length(data, data.resolution ** 2)
+
+
+TASK = pipeline.Task(
+    name='pathfinder', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'difficulty', 'pad_to_length', 'resolution',
+                         'shuffle'}),
+    generator_keys=frozenset({'num_examples', 'seed'}),
+    synthetic='mock', prepare=pipeline.RELEASE_HINT,
+    length=lambda data: data.resolution ** 2, extra_check=_check_data)
+get_model_spec = TASK.model_spec
 
 
 def _generated_root(config: Any, workdir: str) -> str:
@@ -362,24 +364,10 @@ def _generated_root(config: Any, workdir: str) -> str:
   spec = dict(config.data.generator.to_dict(),
               resolution=config.data.resolution,
               difficulty=config.data.difficulty)
-  stamp_spec = dict(spec, version=GENERATOR_VERSION)
   root = os.path.join(workdir, 'data', 'pathfinder')
-  stamp = os.path.join(root, 'generator.json')
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == stamp_spec:
-        return root
-  generate_dataset(root, **spec)
-  with open(stamp, 'w') as f:
-    json.dump(stamp_spec, f)
-  return root
-
-
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.resolution ** 2,
-          'dual': False}
+  return pipeline.generate_once(
+      root, dict(spec, version=GENERATOR_VERSION),
+      lambda: generate_dataset(root, **spec))
 
 
 def _refuse_second_copy(root: str, resolution: int) -> None:
@@ -402,9 +390,9 @@ def _refuse_second_copy(root: str, resolution: int) -> None:
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The Pathfinder / Path-X splits for `config` (module docstring)."""
-  _check_data_config(config.data)
+  TASK.check(config.data)
   data = config.data
-  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  source = TASK.source(config)
   if source == 'mock':
     root = _generated_root(config, workdir)
   else:
@@ -419,7 +407,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   if source == 'release':
     _refuse_second_copy(root, data.resolution)
   examples = read_metadata(folder)
-  length = data.pad_to_length or data.resolution ** 2
+  length = TASK.max_len(config.data)
   sources, skipped, counts = {}, {}, {}
   for name, split in split_examples(examples, data.difficulty).items():
     tokens, labels, skipped[name] = load_split(folder, split, data.resolution)

@@ -32,7 +32,9 @@ global batch (`process_index`, `process_count`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, Optional, Protocol
+import json
+import os
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
 import numpy as np
 
@@ -361,6 +363,96 @@ def data_source(config: Any, synthetic: str, prepare: str) -> str:
       ').')
 
 
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a task module declares once: its vocabulary, labels, config keys
+  and data sources; the shared checks, model spec and data source use it.
+
+  Attributes:
+    name: the task name of error messages.
+    vocab_size: token table size (id 0 = padding).
+    num_classes: number of labels.
+    dual: two documents per example (Retrieval).
+    data_keys: keys of `config.data` besides `generate` and `generator`.
+    generator_keys: keys of `config.data.generator`.
+    synthetic: what `data.generate=True` gives: 'generated' or 'mock'.
+    prepare: how to get the real data, for error messages.
+    length: tokens per example (per document) before extra padding, from
+      `config.data`.
+    extra_check: the task's own checks of `config.data`, if any.
+  """
+  name: str
+  vocab_size: int
+  num_classes: int
+  dual: bool
+  data_keys: frozenset[str]
+  generator_keys: frozenset[str]
+  synthetic: str
+  prepare: str
+  length: Callable[[Any], int]
+  extra_check: Optional[Callable[[Any], None]] = None
+
+  def check(self, data: Any) -> None:
+    """Keys, `generate`, `shuffle`, the task's own checks, then lengths."""
+    check_data_keys(self.name, data, set(self.data_keys) | {'generator'},
+                    set(self.generator_keys))
+    if self.extra_check is not None:
+      self.extra_check(data)
+    check_length(data, self.length(data))
+
+  def max_len(self, data: Any) -> int:
+    """Input length the model sees: `pad_to_length`, else `length`."""
+    return data.pad_to_length or self.length(data)
+
+  def model_spec(self, config: Any) -> dict[str, Any]:
+    """What the model needs from the task, from the config alone."""
+    self.check(config.data)
+    return {'vocab_size': self.vocab_size, 'num_classes': self.num_classes,
+            'max_len': self.max_len(config.data), 'dual': self.dual}
+
+  def source(self, config: Any) -> str:
+    """The data source the config asks for (see `data_source`)."""
+    return data_source(config, self.synthetic, self.prepare)
+
+
+def generate_once(folder: str, spec: Mapping[str, Any],
+                  generate: Callable[[], Any]) -> str:
+  """Runs `generate()` (which writes `folder`) unless `folder` already holds
+  data of `spec`; returns `folder`.
+
+  `folder/generator.json` records `spec` and, if `generate()` returns a
+  mapping, that mapping (e.g. timing and label counts). It is written last and atomically (write,
+  then rename), so hosts of a multi-host run generating into a shared
+  folder, or a run killed while generating, never leave a stamp beside
+  incomplete data.
+  """
+  spec = json.loads(json.dumps(spec))
+  stamp = read_generator_stamp(folder)
+  if stamp is not None and stamp.get('spec') == spec:
+    return folder
+  details = generate()
+  details = dict(details) if isinstance(details, Mapping) else {}
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, GENERATOR_STAMP)
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    json.dump({'spec': spec, 'details': details}, f, indent=1)
+  os.replace(tmp, path)
+  return folder
+
+
+GENERATOR_STAMP = 'generator.json'
+
+
+def read_generator_stamp(folder: str) -> Optional[dict[str, Any]]:
+  """`folder/generator.json` as `generate_once` wrote it, or None."""
+  path = os.path.join(folder, GENERATOR_STAMP)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def check_length(data: Any, length: Any) -> None:
   """Checks `length` (tokens per example) against `data.pad_to_length`."""
   if not isinstance(length, int) or isinstance(length, bool) or length < 1:
@@ -384,14 +476,6 @@ def pad_or_truncate(tokens: list[np.ndarray] | list[list[int]], length: int,
     t = np.asarray(t[:length])
     out[i, :len(t)] = t
   return out
-
-
-def smallest_int_dtype(vocab_size: int) -> np.dtype:
-  """Narrowest unsigned dtype that holds ids 0..vocab_size-1."""
-  for dt in (np.uint8, np.uint16, np.uint32):
-    if vocab_size - 1 <= np.iinfo(dt).max:
-      return np.dtype(dt)
-  return np.dtype(np.int64)
 
 
 def majority_rate(labels: np.ndarray) -> tuple[int, float]:

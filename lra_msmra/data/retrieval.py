@@ -37,7 +37,6 @@ config.data keys:
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -53,15 +52,10 @@ SUBDIR = 'tsv_data'
 NUM_COLUMNS = 5  # label, id1, id2, text1, text2
 # LRA keeps the first 10,000 bytes of a text before encoding.
 TEXT_CUT = 10000
-DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generator'}
-GENERATOR_KEYS = {'num_train', 'num_valid', 'num_test', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer, in batches mode.
 # Bumped whenever generated data changes, so stale workdir data is redone.
 GENERATOR_VERSION = 2
-# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
-# the real data instead.
-SYNTHETIC_SOURCE = 'mock'
-PREPARE_HINT = pipeline.RELEASE_HINT
+
 
 # Generated abstracts open with their topic's name; the names start with
 # different letters, so even LRA's first-byte pooling (P2) can see the topic.
@@ -173,12 +167,21 @@ def generate_dataset(output_dir: str, *, num_train: int, num_valid: int,
   return paths
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('retrieval', data, DATA_KEYS, GENERATOR_KEYS)
-  pipeline.check_length(data, data.max_length)
+def _check_data(data: Any) -> None:
+  """Retrieval's own check: LRA keeps at most TEXT_CUT bytes per text."""
   if data.max_length > TEXT_CUT:
     raise ValueError(f'config.data.max_length={data.max_length} exceeds the '
                      f'{TEXT_CUT} bytes LRA keeps per text.')
+
+
+TASK = pipeline.Task(
+    name='retrieval', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=True,
+    data_keys=frozenset({'max_length', 'pad_to_length', 'shuffle'}),
+    generator_keys=frozenset({'num_test', 'num_train', 'num_valid', 'seed'}),
+    synthetic='mock', prepare=pipeline.RELEASE_HINT,
+    length=lambda data: data.max_length, extra_check=_check_data)
+get_model_spec = TASK.model_spec
 
 
 def _resolve_data_dir(data_dir: str) -> str:
@@ -197,24 +200,11 @@ def _resolve_data_dir(data_dir: str) -> str:
 
 def _generated_dir(config: Any, workdir: str) -> str:
   """Generates (once) the TSVs described by config.data.generator."""
-  gen = dict(config.data.generator.to_dict(), version=GENERATOR_VERSION)
+  gen = config.data.generator.to_dict()
   out = os.path.join(workdir, 'data', 'retrieval')
-  stamp = os.path.join(out, 'generator.json')
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == gen:
-        return out
-  generate_dataset(out, **config.data.generator.to_dict())
-  with open(stamp, 'w') as f:
-    json.dump(gen, f)
-  return out
-
-
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.max_length,
-          'dual': True}
+  return pipeline.generate_once(
+      out, dict(gen, version=GENERATOR_VERSION),
+      lambda: generate_dataset(out, **gen))
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
@@ -223,11 +213,11 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   Batches carry `inputs` (text1) and `inputs2` (text2), both int32
   `[batch, length]`, and `targets` `[batch]`.
   """
-  _check_data_config(config.data)
-  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  TASK.check(config.data)
+  source = TASK.source(config)
   data_dir = (_generated_dir(config, workdir) if source == 'mock' else
               _resolve_data_dir(config.data_dir))
-  length = config.data.pad_to_length or config.data.max_length
+  length = TASK.max_len(config.data)
   splits = {}
   for name, split in SPLITS.items():
     texts1, texts2, labels = read_tsv(split_path(data_dir, split))

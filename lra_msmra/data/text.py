@@ -18,8 +18,8 @@ whole split every epoch, seeded (`data.shuffle`, P10). LRA's last evaluation
 batch is partial; ours is padded with zero-weight copies, so every example
 counts once either way.
 
-With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path reads
-generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
+With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path
+reads generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
 
 config.data keys:
   max_length: bytes kept per review.
@@ -41,15 +41,9 @@ from lra_msmra.data import tfds_io
 VOCAB_SIZE = 257  # byte + 1; 0 = padding.
 NUM_CLASSES = 2
 TFDS_NAME = 'imdb_reviews'
-DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generator'}
-GENERATOR_KEYS = {'num_train', 'num_test', 'seed'}
 # Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
 BATCH_SHUFFLE_WINDOW = 256
-# What `data.generate=True` gives (see pipeline.DATA_SOURCES) and how to get
-# the real data instead.
-SYNTHETIC_SOURCE = 'mock'
-PREPARE_HINT = ('download IMDb through TFDS once with `python -m '
-                'lra_msmra.data.prepare --tfds --out DIR`')
+
 
 _POSITIVE = ('great', 'wonderful', 'superb', 'moving', 'brilliant', 'loved',
              'delightful', 'charming', 'masterpiece', 'fun')
@@ -60,9 +54,16 @@ _NEUTRAL = ('the', 'film', 'movie', 'plot', 'actors', 'a', 'and', 'was',
             'café', 'naïve')
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('text', data, DATA_KEYS, GENERATOR_KEYS)
-  pipeline.check_length(data, data.max_length)
+TASK = pipeline.Task(
+    name='text', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'max_length', 'pad_to_length', 'shuffle'}),
+    generator_keys=frozenset({'num_test', 'num_train', 'seed'}),
+    synthetic='mock',
+    prepare=('download IMDb through TFDS once with `python -m '
+             'lra_msmra.data.prepare --tfds --out DIR`'),
+    length=lambda data: data.max_length)
+get_model_spec = TASK.model_spec
 
 
 def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -123,13 +124,6 @@ def _source(split: dict[str, np.ndarray], name: str, length: int,
                                length=length, id_offset=1)
 
 
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.max_length,
-          'dual': False}
-
-
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The IMDb splits for `config` (see the module docstring).
 
@@ -138,10 +132,10 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     workdir: unused (nothing is generated on disk).
   """
   del workdir
-  _check_data_config(config.data)
-  source = pipeline.data_source(config, SYNTHETIC_SOURCE, PREPARE_HINT)
+  TASK.check(config.data)
+  source = TASK.source(config)
   data, origin = _load(config)
-  length = config.data.pad_to_length or config.data.max_length
+  length = TASK.max_len(config.data)
   train = _source(data['train'], 'train', length, config.data.max_length)
   test = _source(data['test'], 'test', length, config.data.max_length)
   train = pipeline.with_train_shuffle(train, config.data.shuffle,

@@ -34,7 +34,8 @@ def resolve_data_dir(data_dir: str) -> str:
     raise FileNotFoundError(
         f'config.data_dir={data_dir!r} is not a directory. Point it at the '
         'folder written by `python -m lra_msmra.data.prepare --tfds --out '
-        'DIR` (or at a TFDS data dir), or set config.data.generate=True for mock data.')
+        'DIR` (or at a TFDS data dir), or set config.data.generate=True for '
+        'mock data.')
   sub = os.path.join(data_dir, TFDS_SUBDIR)
   return sub if os.path.isdir(sub) else data_dir
 
