@@ -109,15 +109,7 @@ TASK = pipeline.Task(
 get_model_spec = TASK.model_spec
 
 
-def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """Reads the three splits through `tfds.load` (mocked with data.generate)."""
-  specs = tuple(SPLITS.values())
-  fields = ('image', 'label')
-  if not config.data.generate:
-    tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
-    return tfds_io.load(TFDS_NAME, specs, tfds_dir, fields), (
-        f'tfds {TFDS_NAME} in {tfds_dir}')
-  gen = config.data.generator
+def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   examples = {}
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
@@ -125,21 +117,17 @@ def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
     ids = np.array([f'{split}_{k:05d}'.encode() for k in range(num)],
                    dtype=object)
     examples[split] = {'image': images, 'label': labels, 'id': ids}
-  with tfds_io.mock(examples):
-    data = tfds_io.load(TFDS_NAME, specs, None, fields)
-  return data, f'generated images served as tfds {TFDS_NAME} (mock_data)'
+  return examples
 
 
 def _source(split: dict[str, np.ndarray], spec: str, length: int
             ) -> pipeline.ArraySource:
-  images, labels = split['image'], split['label'].astype(np.int32)
+  images = split['image']
+  labels = pipeline.check_labels(split['label'], NUM_CLASSES,
+                                 f'{TFDS_NAME} {spec}')
   if images.ndim != 4 or images.shape[1:] != (SIDE, SIDE, 3):
     raise ValueError(f'{TFDS_NAME} {spec}: expected images [n, {SIDE}, '
                      f'{SIDE}, 3], got {images.shape}.')
-  bad = np.flatnonzero((labels < 0) | (labels >= NUM_CLASSES))
-  if bad.size:
-    raise ValueError(f'{TFDS_NAME} {spec}: label {labels[bad[0]]} of example '
-                     f'{bad[0]} is outside 0..{NUM_CLASSES - 1}.')
   tokens = pipeline.pad_or_truncate(
       rgb_to_grayscale(images).reshape(len(images), SIDE * SIDE), length,
       np.uint8)
@@ -154,10 +142,10 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     workdir: unused (nothing is generated on disk).
   """
   del workdir
-  TASK.check(config.data)
-  source = TASK.source(config)
-  data, origin = _load(config)
-  length = TASK.max_len(config.data)
+  source, length = TASK.begin(config)
+  data, origin = tfds_io.load_or_mock(
+      TFDS_NAME, tuple(SPLITS.values()), ('image', 'label'), config,
+      lambda: _mock_examples(config.data.generator))
   splits = {name: _source(data[spec], spec, length)
             for name, spec in SPLITS.items()}
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,

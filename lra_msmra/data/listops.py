@@ -391,16 +391,14 @@ def _generated_dir(config: Any, workdir: str) -> str:
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The ListOps splits for `config` (see the module docstring).
 
-  With `config.data_dir` empty, a dataset is generated from
+  With `config.data.generate`, a dataset is generated from
   `config.data.generator` into `<workdir>/data/listops` (once) and read back.
   """
-  TASK.check(config.data)
-  source = TASK.source(config)
+  source, length = TASK.begin(config)
   if source == 'generated':
     data_dir = _generated_dir(config, workdir)
   else:
     data_dir = _release_dir(config.data_dir, config.data.task_name)
-  length = TASK.max_len(config.data)
   splits, labels = {}, {}
   for split in SPLITS:
     path = split_path(data_dir, config.data.task_name, split)

@@ -390,9 +390,8 @@ def _refuse_second_copy(root: str, resolution: int) -> None:
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The Pathfinder / Path-X splits for `config` (module docstring)."""
-  TASK.check(config.data)
+  source, length = TASK.begin(config)
   data = config.data
-  source = TASK.source(config)
   if source == 'mock':
     root = _generated_root(config, workdir)
   else:
@@ -407,7 +406,6 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   if source == 'release':
     _refuse_second_copy(root, data.resolution)
   examples = read_metadata(folder)
-  length = TASK.max_len(config.data)
   sources, skipped, counts = {}, {}, {}
   for name, split in split_examples(examples, data.difficulty).items():
     tokens, labels, skipped[name] = load_split(folder, split, data.resolution)

@@ -414,6 +414,12 @@ class Task:
     """The data source the config asks for (see `data_source`)."""
     return data_source(config, self.synthetic, self.prepare)
 
+  def begin(self, config: Any) -> tuple[str, int]:
+    """What every `get_datasets` starts with: checks `config.data`;
+    returns the data source and the model's input length."""
+    self.check(config.data)
+    return self.source(config), self.max_len(config.data)
+
 
 def generate_once(folder: str, spec: Mapping[str, Any],
                   generate: Callable[[], Any]) -> str:
@@ -476,6 +482,17 @@ def pad_or_truncate(tokens: list[np.ndarray] | list[list[int]], length: int,
     t = np.asarray(t[:length])
     out[i, :len(t)] = t
   return out
+
+
+def check_labels(labels: np.ndarray, num_classes: int, where: str
+                 ) -> np.ndarray:
+  """Labels as int32; raises naming the first one outside the classes."""
+  labels = np.asarray(labels).astype(np.int32)
+  bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+  if bad.size:
+    raise ValueError(f'{where}: label {labels[bad[0]]} of example {bad[0]} '
+                     f'is outside 0..{num_classes - 1}.')
+  return labels
 
 
 def majority_rate(labels: np.ndarray) -> tuple[int, float]:

@@ -213,11 +213,9 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   Batches carry `inputs` (text1) and `inputs2` (text2), both int32
   `[batch, length]`, and `targets` `[batch]`.
   """
-  TASK.check(config.data)
-  source = TASK.source(config)
+  source, length = TASK.begin(config)
   data_dir = (_generated_dir(config, workdir) if source == 'mock' else
               _resolve_data_dir(config.data_dir))
-  length = TASK.max_len(config.data)
   splits = {}
   for name, split in SPLITS.items():
     texts1, texts2, labels = read_tsv(split_path(data_dir, split))

@@ -93,31 +93,19 @@ def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   return np.array(texts, dtype=object), labels
 
 
-def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """Reads train and test through `tfds.load` (mocked with data.generate)."""
-  splits = ('train', 'test')
-  if not config.data.generate:
-    tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
-    return tfds_io.load(TFDS_NAME, splits, tfds_dir, ('text', 'label')), (
-        f'tfds {TFDS_NAME} in {tfds_dir}')
-  gen = config.data.generator
+def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   examples = {}
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
     texts, labels = synthetic_reviews(num, gen.seed + i)
     examples[split] = {'text': texts, 'label': labels}
-  with tfds_io.mock(examples):
-    data = tfds_io.load(TFDS_NAME, splits, None, ('text', 'label'))
-  return data, f'generated reviews served as tfds {TFDS_NAME} (mock_data)'
+  return examples
 
 
 def _source(split: dict[str, np.ndarray], name: str, length: int,
             max_length: int) -> pipeline.RaggedSource:
-  labels = split['label'].astype(np.int32)
-  bad = np.flatnonzero((labels < 0) | (labels >= NUM_CLASSES))
-  if bad.size:
-    raise ValueError(f'{TFDS_NAME} {name}: label {labels[bad[0]]} of example '
-                     f'{bad[0]} is outside 0..{NUM_CLASSES - 1}.')
+  labels = pipeline.check_labels(split['label'], NUM_CLASSES,
+                                 f'{TFDS_NAME} {name}')
   # Bytes are stored raw (uint8) and shifted to ids at batch time.
   texts = [np.frombuffer(t, np.uint8)[:max_length] for t in split['text']]
   return pipeline.RaggedSource({'inputs': texts}, {'targets': labels},
@@ -132,10 +120,10 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     workdir: unused (nothing is generated on disk).
   """
   del workdir
-  TASK.check(config.data)
-  source = TASK.source(config)
-  data, origin = _load(config)
-  length = TASK.max_len(config.data)
+  source, length = TASK.begin(config)
+  data, origin = tfds_io.load_or_mock(
+      TFDS_NAME, ('train', 'test'), ('text', 'label'), config,
+      lambda: _mock_examples(config.data.generator))
   train = _source(data['train'], 'train', length, config.data.max_length)
   test = _source(data['test'], 'test', length, config.data.max_length)
   train = pipeline.with_train_shuffle(train, config.data.shuffle,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -106,3 +106,17 @@ def mock(examples: Mapping[str, Mapping[str, np.ndarray]]) -> Iterator[None]:
   with tfds.testing.mock_data(as_dataset_fn=as_dataset,
                               policy=tfds.testing.MockPolicy.USE_CODE):
     yield
+
+
+def load_or_mock(name: str, splits: Sequence[str], fields: Sequence[str],
+                 config: Any, mock_examples: Callable[[], Mapping[str, Any]]
+                 ) -> tuple[dict[str, dict[str, np.ndarray]], str]:
+  """`load` from `config.data_dir`, or, with `config.data.generate`, from
+  `mock_examples()` served through the same `tfds.load` path; returns the
+  splits and a note saying which."""
+  if not config.data.generate:
+    tfds_dir = resolve_data_dir(config.data_dir)
+    return load(name, splits, tfds_dir, fields), f'tfds {name} in {tfds_dir}'
+  with mock(mock_examples()):
+    data = load(name, splits, None, fields)
+  return data, f'mock examples served as tfds {name} (mock_data)'
