@@ -135,12 +135,8 @@ def _source(split: dict[str, np.ndarray], spec: str, length: int
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
-  """The CIFAR-10 splits for `config` (see the module docstring).
-
-  Args:
-    config: the run config; `config.data` as in the module docstring.
-    workdir: unused (nothing is generated on disk).
-  """
+  """The CIFAR-10 splits for `config` (module docstring); TFDS keeps its
+  files, so `workdir` is not used."""
   del workdir
   source, length = TASK.begin(config)
   data, origin = tfds_io.load_or_mock(

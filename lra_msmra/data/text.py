@@ -113,12 +113,8 @@ def _source(split: dict[str, np.ndarray], name: str, length: int,
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
-  """The IMDb splits for `config` (see the module docstring).
-
-  Args:
-    config: the run config; `config.data` as in the module docstring.
-    workdir: unused (nothing is generated on disk).
-  """
+  """IMDb train and test for `config` (module docstring); validation is
+  the test split (P5). TFDS keeps its files: `workdir` is not used."""
   del workdir
   source, length = TASK.begin(config)
   data, origin = tfds_io.load_or_mock(
