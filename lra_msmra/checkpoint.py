@@ -8,7 +8,9 @@ Layout of a workdir::
                        plus `meta` (data position, best validation so far)
   best/<step>/         parameters of the best-validation evaluation
   results.json         final report (see lra_msmra.train)
-  tensorboard/         event files and metrics.jsonl
+  tensorboard/         event files and metrics.jsonl (one record per step)
+  lock                 held by the run using the workdir
+                       (lra_msmra.workdir_lock)
 
 Restoring walks the saved steps from the newest down: a checkpoint that fails
 to restore (a partial or corrupted write) is reported and the previous one is
@@ -92,6 +94,15 @@ class Checkpointer:
     self.best.close()
 
 
+class NoReadableCheckpoint(RuntimeError):
+  """Checkpoints exist but none of them can be restored."""
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+  text = (str(error).strip().splitlines() or [''])[0]
+  return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
 def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
   manager.reload()
@@ -104,18 +115,20 @@ def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
           meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except
       older = steps[i + 1] if i + 1 < len(steps) else None
+      # The storage layer's messages run to dozens of lines: the first one
+      # here, all of them in the INFO log (`--verbose`).
+      logging.info('Restoring %s/%s failed: %r', manager.directory, step, e)
       msg = (f'Checkpoint {manager.directory}/{step} could not be restored '
-             f'({type(e).__name__}: {e}); ' +
+             f'({type(e).__name__}: {_first_line(e)}); ' +
              (f'falling back to step {older}.' if older is not None else
               'no older checkpoint is left.'))
-      logging.warning(msg)
       metrics_lib.log('WARNING: ' + msg)
       unreadable.append(step)
       continue
     _move_aside(manager, unreadable)
     return step, restored.state, dict(restored.meta)
   if steps:
-    raise RuntimeError(
+    raise NoReadableCheckpoint(
         f'No checkpoint in {manager.directory} could be restored (steps '
         f'{steps}). Move the folder away to start from scratch.')
   return None
