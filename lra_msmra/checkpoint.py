@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Optional, Union
 
@@ -103,6 +104,34 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
   return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
+def _drop_late_callback_errors() -> None:
+  """Silences the tracebacks that follow a failed restore.
+
+  When a checkpoint fails to restore, the storage layer's reads that were
+  still in flight finish afterwards and hand their results to an event loop
+  orbax has already closed; each reports a `RuntimeError: Event loop is
+  closed` through `sys.unraisablehook`, a traceback of a dozen lines that
+  says nothing about the run. Those are logged at INFO; every other report
+  reaches the previous hook unchanged. Installed once, after the first
+  failure.
+  """
+  if getattr(sys.unraisablehook, '_lra_msmra', False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(u):
+    tb = u.exc_traceback
+    if (u.exc_type is RuntimeError and
+        str(u.exc_value) == 'Event loop is closed' and tb is not None and
+        tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'):
+      logging.info('Ignored after a failed restore: %r', u.exc_value)
+      return
+    previous(u)
+
+  hook._lra_msmra = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
 def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
   manager.reload()
@@ -123,6 +152,7 @@ def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
              (f'falling back to step {older}.' if older is not None else
               'no older checkpoint is left.'))
       metrics_lib.log('WARNING: ' + msg)
+      _drop_late_callback_errors()
       unreadable.append(step)
       continue
     _move_aside(manager, unreadable)

@@ -1,5 +1,6 @@
 """The trainer: smoke run, sharding, checkpoints, resume, failure modes."""
 
+import asyncio
 import functools
 import json
 import os
@@ -7,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 
 import lra_msmra
+from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
 from lra_msmra import sharding
 from lra_msmra import train
@@ -291,3 +294,25 @@ def test_gradient_accumulation_equals_full_batch(listops_batch):
                              rtol=1e-4)
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4,
                                  atol=1e-6), p_acc, p_full)
+
+
+def test_late_reads_of_a_failed_restore_are_silenced(monkeypatch):
+  """After a failed restore, only the storage layer's reports of reads that
+  end on orbax's closed event loop are dropped; other reports go through."""
+  reported = []
+  monkeypatch.setattr('sys.unraisablehook', reported.append)
+  checkpoint_lib._drop_late_callback_errors()  # pylint: disable=protected-access
+  loop = asyncio.new_event_loop()
+  loop.close()
+  try:
+    loop.call_soon_threadsafe(print)
+  except RuntimeError as e:
+    closed = e
+  late = types.SimpleNamespace(
+      exc_type=RuntimeError, exc_value=closed,
+      exc_traceback=closed.__traceback__.tb_next)  # From call_soon_threadsafe.
+  other = types.SimpleNamespace(exc_type=ValueError, exc_value=ValueError(),
+                                exc_traceback=None)
+  sys.unraisablehook(late)
+  sys.unraisablehook(other)
+  assert reported == [other]
