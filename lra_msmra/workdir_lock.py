@@ -149,6 +149,8 @@ class WorkdirLock:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
       except FileExistsError:
         holder, raw, age = self._read()
+        if raw is None:  # Released meanwhile: try again.
+          continue
         reason = self._stale_reason(holder, age)
         if reason is None:
           raise WorkdirLocked(self._refusal(holder)) from None
@@ -169,7 +171,8 @@ class WorkdirLock:
                         'workdir?')
 
   def _read(self) -> tuple[Optional[dict[str, Any]], Optional[bytes], float]:
-    """(parsed lock or None, its bytes, its age in seconds)."""
+    """(parsed lock or None, its bytes or None if there is no lock, its age
+    in seconds)."""
     try:
       with open(self.path, 'rb') as f:
         raw = f.read()
@@ -182,11 +185,9 @@ class WorkdirLock:
       return None, raw, age
     return (holder if isinstance(holder, dict) else None), raw, age
 
-  def _remove_if_unchanged(self, raw: Optional[bytes]) -> bool:
+  def _remove_if_unchanged(self, raw: bytes) -> bool:
     """Removes the lock if it still holds `raw` (not one another run just
     took); returns whether it was removed."""
-    if raw is None:  # Gone already.
-      return False
     aside = f'{self.path}.stale.{os.getpid()}'
     try:
       os.rename(self.path, aside)

@@ -217,6 +217,15 @@ def test_a_stale_lock_is_replaced(tmp_path):
       workdir_lock.WorkdirLock(str(tmp_path)).acquire()
     lock.release()
     assert not os.path.exists(path)
+  # An unreadable lock: young, it may be one being written; old, a leftover.
+  path = os.path.join(str(tmp_path), workdir_lock.LOCK_FILE)
+  open(path, 'w').close()
+  with pytest.raises(workdir_lock.WorkdirLocked, match='unreadable'):
+    workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  os.utime(path, (0, 0))
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  assert 'unreadable lock file' in lock.acquire()
+  lock.release()
 
 
 def test_resume_with_a_different_config_is_refused(finished_run):
