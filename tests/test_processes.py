@@ -138,6 +138,8 @@ def test_corrupted_latest_checkpoint_falls_back(tmp_path, reference):
         fh.truncate(max(os.path.getsize(path) // 2, 1))
   second = run(tmp_path, STEPS, 4)
   assert 'Checkpoint' in second.stdout and 'falling back' in second.stdout
+  # One line about it, no storage-layer tracebacks.
+  assert 'Traceback' not in second.stderr, second.stderr[:3000]
   assert 'Resumed from step' in second.stdout
   assert_same_run(tmp_path, reference)
 
