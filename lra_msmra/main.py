@@ -11,10 +11,12 @@ Examples::
 Running the same command again in the same workdir resumes the run.
 SIGTERM or Ctrl-C saves a checkpoint at the current step and exits (status
 143 or 130) with a resume hint; a second Ctrl-C stops at once, without
-saving. A workdir that another run is using is refused (`<workdir>/lock`).
+saving. (With several processes only SIGTERM is coordinated; Ctrl-C stops
+the one process that gets it.) A workdir that another run is using is
+refused (`<workdir>/lock`).
 
-Output: the progress lines and the trainer's own messages on stdout;
-warnings on stderr. The INFO logs of the libraries (orbax, JAX, absl,
+Output: the progress lines and the trainer's own messages (its warnings
+included) on stdout; library warnings on stderr. The INFO logs of the libraries (orbax, JAX, absl,
 TensorFlow) and orbax's warnings are hidden; `--verbose` (or absl's
 `--verbosity=0`) shows them.
 A bad config key or value, missing data or a locked workdir prints one line,
