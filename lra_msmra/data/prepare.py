@@ -30,7 +30,10 @@ takes `DIR/listops-1000` directly).
 
 Checks: the files of every task in `--tasks` must exist (the command fails
 naming each missing path); per split it prints the number of examples, and
-for Pathfinder the empty PNGs that the pipeline will skip (P21).
+for Pathfinder the empty PNGs that the pipeline will skip (P21). Every other
+Pathfinder PNG is decoded as training will decode it; the command fails
+naming each file that does not decode to an R x R single-channel image
+(the first MAX_LISTED of them, then their number).
 
 Duplicates (P20): the nested archive holds two `pathfinder128` folders, and
 nobody documents which one is right (a ResNet stays at chance on one of
@@ -69,6 +72,8 @@ TFDS_DATASETS = ('imdb_reviews', 'cifar10')
 MANIFEST = 'prepared.json'
 # How deep below --lra_release the task folders may sit.
 MAX_DEPTH = 4
+# Bad files named one by one in an error; the rest are counted.
+MAX_LISTED = 20
 
 
 class PrepareError(Exception):
@@ -191,16 +196,32 @@ def count_examples(name: str, folder: str) -> dict[str, Any]:
   if name == retrieval.SUBDIR:
     return {s: _count_lines(retrieval.split_path(folder, s))
             for s in retrieval.SPLITS.values()}
-  counts = {}
+  resolution = int(name[len('pathfinder'):])
+  splits = {}
   for difficulty, sub in pathfinder.DIFFICULTIES.items():
     path = os.path.join(folder, sub)
     examples = pathfinder.read_metadata(path)
-    per_split = {}
     for split, exs in pathfinder.split_examples(examples, difficulty).items():
-      empty = sum(os.path.getsize(os.path.join(path, e.image)) == 0
-                  for e in exs)
-      per_split[split] = {'images': len(exs) - empty, 'empty_pngs': empty}
-    counts[difficulty] = per_split
+      splits[difficulty, split] = [os.path.join(path, e.image) for e in exs]
+  # Decoded as training will, so a bad file fails here, not mid-run; all in
+  # one call, which spreads the files over its threads.
+  empty, problems = pathfinder.check_pngs(
+      [p for paths in splits.values() for p in paths], resolution)
+  empty = set(empty)
+  counts = {}
+  for (difficulty, split), paths in splits.items():
+    num_empty = sum(p in empty for p in paths)
+    counts.setdefault(difficulty, {})[split] = {
+        'images': len(paths) - num_empty, 'empty_pngs': num_empty}
+  if problems:
+    shown = problems[:MAX_LISTED]
+    more = len(problems) - len(shown)
+    raise PrepareError(
+        f'{len(problems)} image(s) of {folder} cannot be read as '
+        f'{resolution}x{resolution} single-channel PNGs; training would stop '
+        'on them:\n  ' + '\n  '.join(shown) +
+        (f'\n  ... and {more} more.' if more else '') +
+        '\nDownload and unpack lra_release.gz again (or limit --tasks).')
   return counts
 
 

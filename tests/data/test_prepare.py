@@ -4,6 +4,7 @@ import json
 import os
 import tarfile
 
+import numpy as np
 import pytest
 
 from lra_msmra.data import listops
@@ -218,3 +219,24 @@ def test_generate_listops_writes_a_stamped_folder(tmp_path, capsys,
   _task_folders(release)
   assert prepare.main(['--generate_listops', '--out', release]) == 1
   assert 'already holds release data' in capsys.readouterr().err
+
+
+def test_undecodable_pngs_are_named(tmp_path, capsys, monkeypatch):
+  root = flat_release(str(tmp_path / 'src'))
+  hard = pathfinder.folder_path(root, 32, 'hard')
+  truncated = os.path.join(hard, 'imgs', '0', 'sample_0.png')
+  with open(truncated, 'r+b') as f:
+    f.truncate(40)
+  wrong_size = os.path.join(hard, 'imgs', '1', 'sample_9.png')
+  pathfinder.write_png(wrong_size, np.zeros((16, 16), np.uint8))
+  out = str(tmp_path / 'out')
+  code, _, err = _run(capsys, '--lra_release', root, '--out', out)
+  assert code == 1
+  assert '2 image(s)' in err
+  assert f'{truncated}: cannot decode the PNG' in err
+  assert f'{wrong_size}: expected a 32x32 single-channel image' in err
+  assert not os.path.exists(os.path.join(out, prepare.MANIFEST))
+  # Many bad files: the first ones are named, the rest counted.
+  monkeypatch.setattr(prepare, 'MAX_LISTED', 1)
+  code, _, err = _run(capsys, '--lra_release', root, '--out', out)
+  assert code == 1 and '... and 1 more' in err
