@@ -66,7 +66,7 @@ _LRA_EXT = _LRA + ', external entry'
 
 LRA_LEADERBOARD = (
     _row('Local Attention', (15.82, 52.98, 53.39, 41.46, 66.63), 46.06,
-         _LRA, 'lra', pathx='FAIL'),
+         _LRA, 'lra', 'local', pathx='FAIL'),
     _row('Linear Transformer', (16.13, 65.90, 53.09, 42.34, 75.30), 50.55,
          _LRA, 'lra', pathx='FAIL'),
     _row('Reformer', (37.27, 56.10, 53.40, 38.07, 68.50), 50.67, _LRA, 'lra',

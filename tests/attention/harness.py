@@ -19,6 +19,8 @@ from lra_msmra.attention import standalone
 # A new mechanism adds its line here.
 CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
     'softmax': [('default', {})],
+    'local': [('b4', {'block_size': 4}),
+              ('b5_strided', {'block_size': 5, 'grouping': 'strided'})],
     'adamra': [('default', {}),
                ('single_unmasked_st', {'projections': 'single',
                                        'segment_means': 'unmasked',
