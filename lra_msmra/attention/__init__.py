@@ -10,6 +10,7 @@ from __future__ import annotations
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
 from lra_msmra.attention.local import LocalAttention
+from lra_msmra.attention.sparse import SparseAttention
 from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
 from lra_msmra.attention.long_short import LongShortAttention
@@ -18,6 +19,7 @@ from lra_msmra.attention.softmax import SoftmaxAttention
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
     'local': LocalAttention,
+    'sparse': SparseAttention,
     'cst': CompositeSliceAttention,
     'long_short': LongShortAttention,
     'adamra': AdaMRAAttention,

@@ -16,8 +16,8 @@ S]` (the pattern, the key padding mask, and any de-duplication where a key
 appears in two parts). The softmax over the parts is the shared-maximum,
 shared-total one of `base.safe_softmax_parts`: float32, zero weights for
 rows without a valid key, finite gradients for any mask. Dropout, when
-given, is drawn independently for every entry of every part, which is the
-same distribution as one element-wise mask over the concatenated weights.
+asked for, is one element-wise mask over the weights of all parts, as
+`base.Attention.attention_dropout` draws over a softmax's weights.
 
 Everything here is a pure function of arrays; the mechanisms build the parts
 (static index arrays from numpy, gathers, masks) and call `attend`.
@@ -25,7 +25,7 @@ Everything here is a pure function of arrays; the mechanisms build the parts
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -119,16 +119,17 @@ def gather_valid(key_valid: Array, index: np.ndarray) -> Array:
   return jnp.take(key_valid, index, axis=1)[:, :, :, None, :]
 
 
-def attend(q: Array, parts: Sequence[Part],
-           dropout: Optional[Callable[[Array], Array]] = None
-           ) -> tuple[Array, list[Array]]:
+def attend(q: Array, parts: Sequence[Part], dropout_rng: Optional[Array] = None,
+           dropout_rate: float = 0.0) -> tuple[Array, list[Array]]:
   """One softmax over all parts for every query block.
 
   Args:
     q: scaled queries `[batch, heads, G, B, d]`.
     parts: the key parts (`Part`), tiled or shared.
-    dropout: applied to each part's weights after normalisation (None: no
-      dropout).
+    dropout_rng: key of the attention dropout (None: no dropout). One
+      element-wise mask is drawn for the weights of all parts together (a
+      single draw compiles much faster on CPU than one per part).
+    dropout_rate: probability of dropping a weight.
 
   Returns:
     `[batch, heads, G, B, d_v]` in `q`'s dtype, and the float32 weights per
@@ -142,14 +143,34 @@ def attend(q: Array, parts: Sequence[Part],
                              preferred_element_type=jnp.float32))
     valid.append(part.valid)
   probs = base.safe_softmax_parts(logits, valid)
+  weights = probs
+  if dropout_rng is not None and dropout_rate > 0.0:
+    keep_prob = 1.0 - dropout_rate
+    widths = [p.shape[-1] for p in probs]
+    keep = jax.random.bernoulli(dropout_rng, keep_prob,
+                                probs[0].shape[:-1] + (sum(widths),))
+    starts = np.cumsum([0] + widths)
+    weights = [jnp.where(keep[..., a:a + w], p / keep_prob, 0.0)
+               for p, a, w in zip(probs, starts, widths)]
   out = 0.0
-  for part, p in zip(parts, probs):
-    w = p if dropout is None else dropout(p)
+  for part, w in zip(parts, weights):
     pattern = ('bhgqs,bhgsd->bhgqd' if part.values.ndim == 5
                else 'bhgqs,bhsd->bhgqd')
     out = out + jnp.einsum(pattern, w.astype(q.dtype), part.values,
                            preferred_element_type=jnp.float32)
   return out.astype(q.dtype), probs
+
+
+def dropout_args(module, deterministic: bool) -> dict:
+  """`attend`'s dropout arguments for an `Attention` module (a fresh key).
+
+  Empty when `deterministic` or the module's `dropout_rate` is 0. Call it
+  once per `attend` call, so that every call draws its own mask.
+  """
+  if deterministic or module.dropout_rate == 0.0:
+    return {}
+  return {'dropout_rng': module.make_rng('dropout'),
+          'dropout_rate': module.dropout_rate}
 
 
 def window_index(num_blocks: int, block: int, left: int, right: int,

@@ -129,9 +129,9 @@ class LocalAttention(base.Attention):
     if self.causal:
       # Members are in position order in both groupings.
       valid = valid & base.causal_mask(block)[None, None, None]
-    dropout = lambda p: self.attention_dropout(p, deterministic)
-    out, _ = block_sparse.attend(
-        groups(q), [block_sparse.Part(groups(k), groups(v), valid)], dropout)
+    dropout = lambda: block_sparse.dropout_args(self, deterministic)
+    part = block_sparse.Part(groups(k), groups(v), valid)
+    out, _ = block_sparse.attend(groups(q), [part], **dropout())
 
     if strided:
       out = jnp.swapaxes(out, 2, 3)
