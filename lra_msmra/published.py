@@ -83,7 +83,7 @@ LRA_LEADERBOARD = (
     _row('Synthesizer', (36.99, 61.68, 54.67, 41.61, 69.45), 52.88, _LRA,
          'lra', pathx='FAIL'),
     _row('Longformer', (35.63, 62.85, 56.89, 42.22, 69.71), 53.46, _LRA,
-         'lra', pathx='FAIL'),
+         'lra', 'longformer', pathx='FAIL'),
     _row('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40), 54.39, _LRA,
          'lra', 'softmax', pathx='FAIL'),
     _row('BigBird', (36.05, 64.02, 59.29, 40.83, 74.87), 55.01, _LRA, 'lra',

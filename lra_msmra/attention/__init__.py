@@ -10,6 +10,7 @@ from __future__ import annotations
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
 from lra_msmra.attention.local import LocalAttention
+from lra_msmra.attention.longformer import LongformerAttention
 from lra_msmra.attention.sparse import SparseAttention
 from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
@@ -20,6 +21,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
     'local': LocalAttention,
     'sparse': SparseAttention,
+    'longformer': LongformerAttention,
     'cst': CompositeSliceAttention,
     'long_short': LongShortAttention,
     'adamra': AdaMRAAttention,
