@@ -87,7 +87,7 @@ LRA_LEADERBOARD = (
     _row('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40), 54.39, _LRA,
          'lra', 'softmax', pathx='FAIL'),
     _row('BigBird', (36.05, 64.02, 59.29, 40.83, 74.87), 55.01, _LRA, 'lra',
-         pathx='FAIL'),
+         'bigbird', pathx='FAIL'),
     _row('IGLOO', (39.23, 82.0, 75.5, 47.0, 67.50), 62.25, _LRA_EXT, 'lra',
          pathx='NA'),
     _row('TLB', (37.05, 81.88, 76.91, 57.51, 79.06), 66.48, _LRA_EXT, 'lra',
@@ -126,7 +126,7 @@ ADAMRA_PAPER = (
     _row('AdaMRA', (40.40, 68.44, 84.83, 46.00, 75.77), 63.09, _ADAMRA,
          'xiong', 'adamra', 'Rates (1/2, 1/8, 1/32).'),
     _row('BigBird (AdaMRA re-run)', (38.55, 63.90, 81.50, 38.30, 74.89),
-         59.43, _ADAMRA, 'xiong'),
+         59.43, _ADAMRA, 'xiong', 'bigbird'),
     _row('Linear Transformer (AdaMRA re-run)',
          (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong'),
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
+from lra_msmra.attention.bigbird import BigBirdAttention
 from lra_msmra.attention.local import LocalAttention
 from lra_msmra.attention.longformer import LongformerAttention
 from lra_msmra.attention.sparse import SparseAttention
@@ -22,6 +23,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'local': LocalAttention,
     'sparse': SparseAttention,
     'longformer': LongformerAttention,
+    'bigbird': BigBirdAttention,
     'cst': CompositeSliceAttention,
     'long_short': LongShortAttention,
     'adamra': AdaMRAAttention,
