@@ -10,6 +10,7 @@ from __future__ import annotations
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
 from lra_msmra.attention.bigbird import BigBirdAttention
+from lra_msmra.attention.linformer import LinformerAttention
 from lra_msmra.attention.local import LocalAttention
 from lra_msmra.attention.longformer import LongformerAttention
 from lra_msmra.attention.sparse import SparseAttention
@@ -24,6 +25,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'sparse': SparseAttention,
     'longformer': LongformerAttention,
     'bigbird': BigBirdAttention,
+    'linformer': LinformerAttention,
     'cst': CompositeSliceAttention,
     'long_short': LongShortAttention,
     'adamra': AdaMRAAttention,
