@@ -116,6 +116,9 @@ class LongformerAttention(base.Attention):
     block = min(self.window_size, QUERY_BLOCK, length)
     n = -(-length // block) * block
     groups = n // block
+    # Keys beyond the sequence are never visible: a window wider than the
+    # sequence needs no wider tile (same function, smaller tiles).
+    left, right = min(left, n), min(right, n - 1)
     x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
     mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
     dropout = lambda: block_sparse.dropout_args(self, deterministic)
