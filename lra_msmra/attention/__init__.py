@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
+from lra_msmra.attention.bigbird import BigBirdAttention
+from lra_msmra.attention.linformer import LinformerAttention
+from lra_msmra.attention.local import LocalAttention
+from lra_msmra.attention.longformer import LongformerAttention
+from lra_msmra.attention.sparse import SparseAttention
 from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
 from lra_msmra.attention.long_short import LongShortAttention
@@ -16,6 +21,11 @@ from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
+    'local': LocalAttention,
+    'sparse': SparseAttention,
+    'longformer': LongformerAttention,
+    'bigbird': BigBirdAttention,
+    'linformer': LinformerAttention,
     'cst': CompositeSliceAttention,
     'long_short': LongShortAttention,
     'adamra': AdaMRAAttention,

@@ -1,0 +1,177 @@
+"""Linformer: low-rank projection of keys and values (registry `linformer`).
+
+Paper: Wang, Li, Khabsa, Fang, Ma, "Linformer: Self-Attention with Linear
+Complexity", arXiv:2006.04768, §4 (Eq. 7; parameter sharing). Official LRA
+code: google-research/long-range-arena, `lra_benchmarks/models/linformer/`
+(`linformer_attention.py`, class `LinformerAttention`).
+
+Keys and values are projected along the sequence to k rows by one learned
+matrix E in R^{N_max x k}, then attended by softmax:
+
+  head = softmax(Q (E^T K)^T / sqrt(d)) (E^T V)            (paper Eq. 7)
+
+As in the official code, E is shared by keys and values ("key-value
+sharing") and by all heads ("headwise sharing"), one E per layer, sized
+for the longest input (`max_len` rows, initialised with the layer's kernel
+initialiser, Xavier-uniform in LRA) and cut to the first N rows for an
+input of length N. k = 16 on every LRA task: the official module's default.
+(The official Text config sets `low_rank_features = 32` at the top level of
+the config, which never reaches the model, so 16 is what ran.)
+`share_layers=True` shares one E across all layers too (the paper's
+"layerwise sharing"): it is then a model-level parameter
+(`shared_module`).
+
+Padding: padded positions are removed from the projection,
+E^T K = sum over real positions n of E[n] K[n] (same for V), so padded
+inputs cannot reach real tokens. The k projected rows are always attended
+(they are mixtures, not positions); with no real token they are zero.
+Padded queries output zero.
+
+Cost: O(N k d) time and O(N k) score memory per head.
+
+Causal form: none (E mixes every position into every projected row; the
+paper has no causal variant and the official code ignores `causal_mask`):
+`causal=True` raises NotImplementedError.
+
+Departures from the official code:
+
+* The official code applies no mask at all (`bias=None`; "Does Linformer
+  care about masks?"): padded keys and values enter the projections and
+  reach every real token. We zero them before projecting; this bug is not
+  reproduced.
+* `max_len`: the official E has the encoder's `max_len` rows (+1 with a
+  CLS token). Ours has `max_len` rows when the knob is set, otherwise as
+  many as the input the layer is initialised with (the trainer initialises
+  with the longest input, CLS included: the same count).
+* Attention dropout element-wise on the weights (official
+  `broadcast_dropout=False`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lra_msmra.attention import base
+
+Array = jax.Array
+
+# The official module's default rank, which every LRA run used.
+DEFAULT_LOW_RANK_FEATURES = 16
+
+
+class _SharedProjection(nn.Module):
+  """E shared by every layer (`share_layers=True`): `[max_len, k]`."""
+  max_len: int
+  low_rank_features: int
+  kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
+
+  @nn.compact
+  def __call__(self) -> Array:
+    return self.param('low_rank_kernel', self.kernel_init,
+                      (self.max_len, self.low_rank_features), jnp.float32)
+
+
+class LinformerAttention(base.Attention):
+  """Linformer attention (see the module docstring).
+
+  Attributes:
+    low_rank_features: k, projected rows of keys and values.
+    max_len: rows of E (the longest input); None = the length of the input
+      the layer is initialised with.
+    share_layers: one E for all layers (a model-level parameter) instead of
+      one per layer.
+  """
+  low_rank_features: int = DEFAULT_LOW_RANK_FEATURES
+  max_len: Optional[int] = None
+  share_layers: bool = False
+
+  @classmethod
+  def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
+                    max_len: int, name: str,
+                    causal: bool = False) -> Optional[nn.Module]:
+    del features, causal
+    if not attention_kw.get('share_layers', False):
+      return None
+    rows = attention_kw.get('max_len') or max_len
+    return _SharedProjection(
+        max_len=rows,
+        low_rank_features=attention_kw.get('low_rank_features',
+                                           DEFAULT_LOW_RANK_FEATURES),
+        name=name)
+
+  def _check_knobs(self) -> None:
+    if self.low_rank_features < 1:
+      raise ValueError(
+          f'low_rank_features={self.low_rank_features} must be >= 1.')
+    if self.max_len is not None and self.max_len < 1:
+      raise ValueError(f'max_len={self.max_len} must be >= 1 or None.')
+    if self.causal:
+      raise NotImplementedError(
+          'linformer has no causal form: its projection mixes every '
+          'position into every projected key (the official code ignores '
+          'causal masks). Use a mechanism with a causal form.')
+
+  @nn.compact
+  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
+               deterministic: bool = True,
+               shared: Optional[Array] = None) -> Array:
+    """Applies the attention.
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: `[batch, length]` bool, True = real token; None = all
+        real.
+      deterministic: disables attention dropout.
+      shared: E `[max_len, k]` from the model-level module
+        (`share_layers=True` only).
+
+    Returns:
+      `[batch, length, out_features]`, zero at padded positions.
+    """
+    self._check_knobs()
+    padding_mask = base.default_padding_mask(x, padding_mask)
+    _, head_dim, out_features = self.head_dims(x)
+    length = x.shape[1]
+    x = x.astype(self.dtype)
+
+    if self.share_layers:
+      if shared is None:
+        raise ValueError('share_layers=True needs the model-level E '
+                         '(`shared`), which the encoder passes; build the '
+                         'layer through it or StandaloneAttention.')
+      kernel = shared
+    else:
+      if shared is not None:
+        raise ValueError('`shared` is only used with share_layers=True.')
+      rows = self.max_len or length
+      if self.has_variable('params', 'low_rank_kernel'):
+        rows = self.get_variable('params', 'low_rank_kernel').shape[0]
+      kernel = self.param('low_rank_kernel', self.kernel_init,
+                          (rows, self.low_rank_features), jnp.float32)
+    if length > kernel.shape[0]:
+      raise ValueError(
+          f'Input length {length} exceeds the {kernel.shape[0]} rows of '
+          "linformer's projection E (max_len); build the model for the "
+          'longest input.')
+
+    q = self.projection(head_dim, 'query')(x)
+    k = self.projection(head_dim, 'key')(x)
+    v = self.projection(head_dim, 'value')(x)
+    q = q / jnp.sqrt(head_dim).astype(self.dtype)
+    # E restricted to the real positions of each example: [batch, N, k].
+    # The sums over the whole sequence run in float32.
+    e = jnp.where(padding_mask[..., None], kernel[:length], 0.0)
+    f32 = lambda a: a.astype(jnp.float32)
+    k_bar = jnp.einsum('bnr,bnhd->brhd', e, f32(k)).astype(self.dtype)
+    v_bar = jnp.einsum('bnr,bnhd->brhd', e, f32(v)).astype(self.dtype)
+    logits = jnp.einsum('bqhd,brhd->bhqr', q, k_bar,
+                        preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
+    out = jnp.einsum('bhqr,brhd->bqhd', probs, v_bar)
+    y = self.output_projection(out_features)(out)
+    return y * padding_mask[..., None].astype(y.dtype)

@@ -1,0 +1,175 @@
+"""Longformer attention: sliding window plus global tokens (`longformer`).
+
+Paper: Beltagy, Peters, Cohan, "Longformer: The Long-Document Transformer",
+arXiv:2004.05150, §3.1 (sliding window, global attention, two sets of
+projections). Official LRA code: google-research/long-range-arena,
+`lra_benchmarks/models/longformer/` (`longformer_attention.py`, class
+`LongformerAttention`), which, like the HuggingFace version it cites,
+implements the sliding window and global attention, not dilation.
+
+Window: query i sees keys [i - left + 1, i + right] with right = w // 2
+and left = w - right (itself included), as the official code: w keys, one
+more on the left when w is even. Global tokens: the first g positions
+(`num_global_tokens`). A global query attends to every key; every query
+attends to the global keys. Non-global queries use one softmax over their
+window and the global keys (each key once), with the window projections
+Q_s, K_s, V_s. Global queries use their own projections Q_g, K_g, V_g over
+all keys (`global_projections=True`, paper §3.1 and the official code), or
+the window ones (`False`).
+
+LRA passes no global mask (`global_mask=None`): no global tokens, so the
+LRA model is the sliding window of w = 512 alone (the encoder's default;
+no config changes it). That is our default (`num_global_tokens=0`).
+
+Cost: O(N (w + g) d) time and O(N (w + g)) memory for the non-global
+queries, plus O(g N d) for the global ones. Queries run in blocks of B =
+min(w, 128), each block attending to a tile of B + w - 1 keys.
+
+Causal form (`causal=True`): the official `causal_mask` applied to both
+branches: the window is [i - left + 1, i] and global keys and queries see
+only earlier positions.
+
+Departures from the official code:
+
+* The official code creates the global projections Q_g, K_g, V_g in every
+  layer even with no global token, where they receive no gradient (3 of
+  its 7 projection matrices are dead in LRA). We create them only when
+  g > 0 and `global_projections=True`, so the LRA model has the
+  Transformer's parameter count.
+* The official code computes dense N x N scores for both branches and
+  masks them; we compute the window in blocks and the global parts apart
+  (the same function).
+* Padded keys get exactly zero weight (official: a -1e10 bias); padded
+  queries output zero; a row without a visible real key gives zeros.
+* Attention dropout element-wise on the weights (official
+  `broadcast_dropout=False`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_msmra.attention import base
+from lra_msmra.attention import block_sparse
+
+Array = jax.Array
+
+# The official LRA encoder's default window.
+DEFAULT_WINDOW_SIZE = 512
+# Queries per block of the window computation (at most).
+QUERY_BLOCK = 128
+
+
+def window_sides(window_size: int) -> tuple[int, int]:
+  """(left, right): query i sees [i - left + 1, i + right]."""
+  right = window_size // 2
+  return window_size - right, right
+
+
+class LongformerAttention(base.Attention):
+  """Sliding window plus global attention (see the module docstring).
+
+  Attributes:
+    window_size: w, keys per sliding window (the query included).
+    num_global_tokens: g, leading positions with global attention.
+    global_projections: separate Q/K/V projections for global queries (only
+      used when g > 0).
+  """
+  window_size: int = DEFAULT_WINDOW_SIZE
+  num_global_tokens: int = 0
+  global_projections: bool = True
+
+  def _check_knobs(self) -> None:
+    if self.window_size < 1:
+      raise ValueError(f'window_size={self.window_size} must be >= 1.')
+    if self.num_global_tokens < 0:
+      raise ValueError(
+          f'num_global_tokens={self.num_global_tokens} must be >= 0.')
+
+  @nn.compact
+  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+    """Applies the attention.
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: `[batch, length]` bool, True = real token; None = all
+        real.
+      deterministic: disables attention dropout.
+
+    Returns:
+      `[batch, length, out_features]`, zero at padded positions.
+    """
+    self._check_knobs()
+    padding_mask = base.default_padding_mask(x, padding_mask)
+    _, head_dim, out_features = self.head_dims(x)
+    batch, length = x.shape[:2]
+    left, right = window_sides(self.window_size)
+    if self.causal:
+      right = 0
+    g = min(self.num_global_tokens, length)
+    block = min(self.window_size, QUERY_BLOCK, length)
+    n = -(-length // block) * block
+    groups = n // block
+    # Keys beyond the sequence are never visible: a window wider than the
+    # sequence needs no wider tile (same function, smaller tiles).
+    left, right = min(left, n), min(right, n - 1)
+    x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
+    mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
+    dropout = lambda: block_sparse.dropout_args(self, deterministic)
+
+    def project(name, rows=None):
+      a = self.projection(head_dim, name)(x if rows is None else x[:, :rows])
+      return block_sparse.heads_major(a)
+    scale = jnp.sqrt(head_dim).astype(self.dtype)
+    q = project('query') / scale
+    k, v = project('key'), project('value')
+
+    # Window keys of block b: positions [b B - (left - 1), (b + 1) B + right).
+    index = block_sparse.window_index(groups, block, left - 1, right, n)
+    k_pad, mask_pad = block_sparse.append_empty(k, mask)
+    v_pad, _ = block_sparse.append_empty(v, mask)
+    slots = index.shape[1]
+    offset = (np.arange(slots)[None, :] - (left - 1)
+              - np.arange(block)[:, None])  # key - query, [B, S]
+    band = (offset >= -(left - 1)) & (offset <= right)
+    # Global keys are in their own part; drop them from the windows.
+    not_global = index >= g  # [G, S]; the empty slot (index n) is >= g too.
+    pattern = band[None, :, :] & not_global[:, None, :]  # [G, B, S]
+    parts = [block_sparse.Part(
+        block_sparse.gather_tiles(k_pad, index),
+        block_sparse.gather_tiles(v_pad, index),
+        jnp.asarray(pattern)[None, None]
+        & block_sparse.gather_valid(mask_pad, index))]
+    if g:
+      visible = mask[:, None, None, None, :g]
+      if self.causal:
+        rows = np.arange(n).reshape(groups, block)
+        visible = visible & jnp.asarray(
+            np.arange(g)[None, None, :] <= rows[:, :, None])[None, None]
+      parts.append(block_sparse.Part(k[:, :, :g], v[:, :, :g], visible))
+    out, _ = block_sparse.attend(block_sparse.to_blocks(q, block), parts,
+                                 **dropout())
+    out = block_sparse.from_blocks(out)
+
+    if g:
+      if self.global_projections:
+        q_g = project('query_global', g) / scale
+        k_g, v_g = project('key_global'), project('value_global')
+      else:
+        q_g, k_g, v_g = q[:, :, :g], k, v
+      visible = mask[:, None, None, None, :]
+      if self.causal:
+        visible = visible & base.causal_mask(g, n)[None, None, None]
+      out_g, _ = block_sparse.attend(
+          q_g[:, :, None], [block_sparse.Part(k_g, v_g, visible)], **dropout())
+      out = jnp.concatenate([out_g[:, :, 0], out[:, :, g:]], axis=2)
+
+    out = block_sparse.positions_major(out)[:, :length]
+    y = self.output_projection(out_features)(out)
+    return y * padding_mask[..., None].astype(y.dtype)

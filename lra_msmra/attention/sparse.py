@@ -1,0 +1,174 @@
+"""Sparse Transformer attention, fixed pattern (registry `sparse`).
+
+Paper: Child, Gray, Radford, Sutskever, "Generating Long Sequences with
+Sparse Transformers", arXiv:1904.10509, §4.3 ("fixed" attention pattern).
+Official LRA code: google-research/long-range-arena,
+`lra_benchmarks/models/sparse_transformer/` (`sparse_attention.py`,
+patterns `Fixed1Pattern` and `Fixed2Pattern`, merged into one head as the
+paper does for enwik8); LRA passes block length l = 50 and c = 10 on every
+task (`utils/train_utils.py`).
+
+Positions are counted from the first position after the prefix tokens (the
+CLS token, see below): i' = i - p, j' = j - p. Query i sees key j when
+
+* A(1), same block: floor(j' / l) = floor(i' / l), or
+* A(2), summary key: j' mod l = 0 or j' mod l >= l - c (the paper's set
+  {t, ..., l} with t = l - c, read modulo l as the official code does: the
+  last c positions of every block and the first one),
+
+and, as in the official code and the paper, j <= i: **every pattern is
+causal, also in the bidirectional encoder** (`pattern_causal=True`, the
+official behaviour; `False` gives the symmetric pattern, same block in both
+directions and every summary key). One softmax over the union.
+
+Prefix tokens (`num_prefix_tokens` = p): the official encoder with CLS
+pooling builds the pattern over positions 1.. and lets the CLS token see
+every key and be seen by every query (`use_cls_token`); p = 1 does the same.
+
+Cost: the own block (l keys) plus the summary keys of the whole sequence,
+about N (c + 1) / l of them: O(N^2 (c + 1) / l) time and memory, as in the
+paper's fixed pattern (the official code builds the dense N x N mask).
+
+Causal form (`causal=True`): the same pattern with j <= i for every query,
+prefix tokens included (which then see only earlier keys).
+
+Departures from the official code:
+
+* The official code computes dense N x N scores and masks them; we compute
+  only the own block and the summary keys (the same function).
+* Padded keys are masked with exact zero weight (official: a -1e10 bias);
+  padded queries output zero; rows without a visible real key give zeros,
+  never NaN (`base.safe_softmax` numerics).
+* A summary key inside the query's own block is counted once (the
+  official union of masks does the same).
+* Attention dropout is element-wise (official `broadcast_dropout=False`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_msmra.attention import base
+from lra_msmra.attention import block_sparse
+
+Array = jax.Array
+
+# The values LRA passes for every task (utils/train_utils.py).
+DEFAULT_BLOCK_SIZE = 50
+DEFAULT_SUMMARY_SIZE = 10
+
+
+def summary_offsets(block_size: int, summary_size: int) -> np.ndarray:
+  """Offsets inside a block that are summary positions: 0 and l - c .. l-1."""
+  offsets = np.arange(block_size)
+  return offsets[(offsets == 0) | (offsets >= block_size - summary_size)]
+
+
+class SparseAttention(base.Attention):
+  """Sparse Transformer fixed attention (see the module docstring).
+
+  Attributes:
+    block_size: l, the block length of A(1) and A(2).
+    summary_size: c, summary positions at the end of every block (the
+      block's first position is always one too).
+    pattern_causal: keep only keys j <= i even when `causal=False` (the
+      official LRA encoder does); False gives the symmetric pattern.
+    num_prefix_tokens: p leading tokens (e.g. CLS) outside the pattern:
+      they see every key and every query sees them.
+  """
+  block_size: int = DEFAULT_BLOCK_SIZE
+  summary_size: int = DEFAULT_SUMMARY_SIZE
+  pattern_causal: bool = True
+  num_prefix_tokens: int = 0
+
+  def _check_knobs(self) -> None:
+    if self.block_size < 1:
+      raise ValueError(f'block_size={self.block_size} must be >= 1.')
+    if not 0 <= self.summary_size <= self.block_size:
+      raise ValueError(f'summary_size={self.summary_size} must be in '
+                       f'[0, block_size={self.block_size}].')
+    if self.num_prefix_tokens < 0:
+      raise ValueError(
+          f'num_prefix_tokens={self.num_prefix_tokens} must be >= 0.')
+
+  @nn.compact
+  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
+               deterministic: bool = True) -> Array:
+    """Applies the attention.
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: `[batch, length]` bool, True = real token; None = all
+        real.
+      deterministic: disables attention dropout.
+
+    Returns:
+      `[batch, length, out_features]`, zero at padded positions.
+    """
+    self._check_knobs()
+    padding_mask = base.default_padding_mask(x, padding_mask)
+    _, head_dim, out_features = self.head_dims(x)
+    batch, length = x.shape[:2]
+    l = self.block_size
+    prefix = min(self.num_prefix_tokens, length)
+    rest = -(-(length - prefix) // l) * l
+    n = prefix + rest
+    groups = rest // l
+    x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
+    mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
+
+    q = self.projection(head_dim, 'query')(x)
+    k = self.projection(head_dim, 'key')(x)
+    v = self.projection(head_dim, 'value')(x)
+    q = q / jnp.sqrt(head_dim).astype(self.dtype)
+    q, k, v = (block_sparse.heads_major(a) for a in (q, k, v))
+    directional = self.causal or self.pattern_causal
+    dropout = lambda: block_sparse.dropout_args(self, deterministic)
+
+    outputs = []
+    if prefix:
+      # Prefix queries see every key (earlier ones only when causal).
+      valid = mask[:, None, None, None, :]
+      if self.causal:
+        valid = valid & base.causal_mask(prefix, n)[None, None, None]
+      out, _ = block_sparse.attend(
+          q[:, :, None, :prefix], [block_sparse.Part(k, v, valid)], **dropout())
+      outputs.append(out[:, :, 0])
+    if groups:
+      key_mask = mask[:, prefix:].reshape(batch, groups, l)
+      # A(1): the own block.
+      own_valid = key_mask[:, None, :, None, :]
+      if directional:
+        own_valid = own_valid & base.causal_mask(l)[None, None, None]
+      parts = [block_sparse.Part(
+          block_sparse.to_blocks(k[:, :, prefix:], l),
+          block_sparse.to_blocks(v[:, :, prefix:], l), own_valid)]
+      # A(2): summary keys of the other blocks (own block's are in A(1)).
+      offsets = summary_offsets(l, self.summary_size)
+      summary = (np.arange(groups)[:, None] * l + offsets[None, :]).reshape(-1)
+      key_block = summary // l
+      query_block = np.arange(groups)
+      pattern = (key_block[None, :] < query_block[:, None] if directional
+                 else key_block[None, :] != query_block[:, None])
+      positions = prefix + summary
+      parts.append(block_sparse.Part(
+          k[:, :, positions], v[:, :, positions],
+          jnp.asarray(pattern)[None, None, :, None, :]
+          & mask[:, positions][:, None, None, None, :]))
+      if prefix:
+        parts.append(block_sparse.Part(
+            k[:, :, :prefix], v[:, :, :prefix],
+            mask[:, :prefix][:, None, None, None, :]))
+      out, _ = block_sparse.attend(
+          block_sparse.to_blocks(q[:, :, prefix:], l), parts, **dropout())
+      outputs.append(block_sparse.from_blocks(out))
+
+    out = jnp.concatenate(outputs, axis=2) if len(outputs) > 1 else outputs[0]
+    out = block_sparse.positions_major(out)[:, :length]
+    y = self.output_projection(out_features)(out)
+    return y * padding_mask[..., None].astype(y.dtype)
