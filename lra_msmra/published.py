@@ -68,7 +68,7 @@ LRA_LEADERBOARD = (
     _row('Local Attention', (15.82, 52.98, 53.39, 41.46, 66.63), 46.06,
          _LRA, 'lra', pathx='FAIL'),
     _row('Linear Transformer', (16.13, 65.90, 53.09, 42.34, 75.30), 50.55,
-         _LRA, 'lra', pathx='FAIL'),
+         _LRA, 'lra', 'linear', pathx='FAIL'),
     _row('Reformer', (37.27, 56.10, 53.40, 38.07, 68.50), 50.67, _LRA, 'lra',
          pathx='FAIL'),
     _row('Sparse Transformer', (17.07, 63.58, 59.59, 44.24, 71.71), 51.24,
@@ -128,7 +128,8 @@ ADAMRA_PAPER = (
     _row('BigBird (AdaMRA re-run)', (38.55, 63.90, 81.50, 38.30, 74.89),
          59.43, _ADAMRA, 'xiong'),
     _row('Linear Transformer (AdaMRA re-run)',
-         (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong'),
+         (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong',
+         'linear'),
 )
 
 _LS = 'Transformer-LS paper, Table 1, mean of 4 seeds (ATTENTIONS §7.2)'

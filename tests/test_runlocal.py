@@ -20,7 +20,8 @@ from tests import helpers
 # One ListOps config per registered mechanism (the issues' runlocal jobs);
 # variants such as cst_l16 or combiner_axial share their code paths.
 CONFIGS = [f'configs/listops/{name}.py' for name in (
-    'transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed')]
+    'transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed',
+    'linear')]
 
 
 def test_every_mechanism_has_a_runlocal_check():

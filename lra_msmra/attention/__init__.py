@@ -11,6 +11,7 @@ from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
 from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
+from lra_msmra.attention.linear import LinearAttention
 from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
@@ -20,6 +21,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'long_short': LongShortAttention,
     'adamra': AdaMRAAttention,
     'combiner': CombinerAttention,
+    'linear': LinearAttention,
 }
 
 

@@ -43,6 +43,7 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ('mixture-joint', {'variant': 'mixture',
                            'mixture_mode': 'joint_softmax'}),
     ],
+    'linear': [('default', {})],
 }
 
 
