@@ -13,6 +13,7 @@ from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
 from lra_msmra.attention.linear import LinearAttention
 from lra_msmra.attention.long_short import LongShortAttention
+from lra_msmra.attention.performer import PerformerAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 
 REGISTRY: dict[str, type[Attention]] = {
@@ -22,6 +23,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'adamra': AdaMRAAttention,
     'combiner': CombinerAttention,
     'linear': LinearAttention,
+    'performer': PerformerAttention,
 }
 
 

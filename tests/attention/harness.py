@@ -44,6 +44,10 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
                            'mixture_mode': 'joint_softmax'}),
     ],
     'linear': [('default', {})],
+    'performer': [('softmax', {'kernel': 'softmax', 'num_features': 16}),
+                  ('relu', {'kernel': 'relu'}),
+                  ('relu_iid', {'kernel': 'relu', 'features': 'iid',
+                                'num_features': 8, 'normalize_data': True})],
 }
 
 
