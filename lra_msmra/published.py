@@ -81,7 +81,7 @@ LRA_LEADERBOARD = (
     _row('Performer', (18.01, 65.40, 53.82, 42.77, 77.05), 51.41, _LRA,
          'lra', 'performer', pathx='FAIL'),
     _row('Synthesizer', (36.99, 61.68, 54.67, 41.61, 69.45), 52.88, _LRA,
-         'lra', pathx='FAIL'),
+         'lra', 'synthesizer', pathx='FAIL'),
     _row('Longformer', (35.63, 62.85, 56.89, 42.22, 69.71), 53.46, _LRA,
          'lra', pathx='FAIL'),
     _row('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40), 54.39, _LRA,

@@ -15,6 +15,7 @@ from lra_msmra.attention.linear import LinearAttention
 from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.performer import PerformerAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
+from lra_msmra.attention.synthesizer import SynthesizerAttention
 
 REGISTRY: dict[str, type[Attention]] = {
     'softmax': SoftmaxAttention,
@@ -24,6 +25,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'combiner': CombinerAttention,
     'linear': LinearAttention,
     'performer': PerformerAttention,
+    'synthesizer': SynthesizerAttention,
 }
 
 

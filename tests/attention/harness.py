@@ -48,6 +48,12 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
                   ('relu', {'kernel': 'relu'}),
                   ('relu_iid', {'kernel': 'relu', 'features': 'iid',
                                 'num_features': 8, 'normalize_data': True})],
+    'synthesizer': [('random', {}),
+                    ('factorized', {'synthesizer_mode': 'factorized_random',
+                                    'factorized_k': 4}),
+                    ('dense_only', {'synthesizer_mode': 'dense',
+                                    'ignore_dot_product': True}),
+                    ('dense_random', {'synthesizer_mode': 'dense+random'})],
 }
 
 
