@@ -21,7 +21,7 @@ from tests import helpers
 # variants such as cst_l16 or combiner_axial share their code paths.
 CONFIGS = [f'configs/listops/{name}.py' for name in (
     'transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed',
-    'linear', 'performer', 'synthesizer')]
+    'linear', 'performer', 'synthesizer', 'reformer')]
 
 
 def test_every_mechanism_has_a_runlocal_check():

@@ -14,6 +14,7 @@ from lra_msmra.attention.cst import CompositeSliceAttention
 from lra_msmra.attention.linear import LinearAttention
 from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.performer import PerformerAttention
+from lra_msmra.attention.reformer import ReformerAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 from lra_msmra.attention.synthesizer import SynthesizerAttention
 
@@ -26,6 +27,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'linear': LinearAttention,
     'performer': PerformerAttention,
     'synthesizer': SynthesizerAttention,
+    'reformer': ReformerAttention,
 }
 
 

@@ -54,6 +54,11 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
                     ('dense_only', {'synthesizer_mode': 'dense',
                                     'ignore_dot_product': True}),
                     ('dense_random', {'synthesizer_mode': 'dense+random'})],
+    'reformer': [('b4', {'num_buckets': 4}),
+                 ('b2_h2_chunk3_norm_self', {'num_buckets': 2, 'num_hashes': 2,
+                                             'chunk_length': 3,
+                                             'normalize_keys': True,
+                                             'mask_self': True})],
 }
 
 
