@@ -15,6 +15,7 @@ from lra_msmra.attention.linear import LinearAttention
 from lra_msmra.attention.long_short import LongShortAttention
 from lra_msmra.attention.performer import PerformerAttention
 from lra_msmra.attention.reformer import ReformerAttention
+from lra_msmra.attention.sinkhorn import SinkhornAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
 from lra_msmra.attention.synthesizer import SynthesizerAttention
 
@@ -28,6 +29,7 @@ REGISTRY: dict[str, type[Attention]] = {
     'performer': PerformerAttention,
     'synthesizer': SynthesizerAttention,
     'reformer': ReformerAttention,
+    'sinkhorn': SinkhornAttention,
 }
 
 

@@ -59,6 +59,10 @@ CONTRACT_CASES: dict[str, list[tuple[str, dict[str, Any]]]] = {
                                              'chunk_length': 3,
                                              'normalize_keys': True,
                                              'mask_self': True})],
+    'sinkhorn': [('b4', {'block_size': 4}),
+                 ('b3_sinkhorn', {'block_size': 3,
+                                  'sort_activation': 'sinkhorn',
+                                  'sinkhorn_iterations': 3})],
 }
 
 
