@@ -22,7 +22,8 @@ from tests import helpers
 CONFIGS = [f'configs/listops/{name}.py' for name in (
     'transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed')]
 CONFIGS += [f'configs/listops/{name}.py' for name in (
-    'local', 'sparse', 'longformer', 'bigbird', 'linformer')]
+    'local', 'sparse', 'longformer', 'bigbird', 'linformer',
+    'linear', 'performer', 'synthesizer', 'reformer', 'sinkhorn')]
 
 
 def test_every_mechanism_has_a_runlocal_check():

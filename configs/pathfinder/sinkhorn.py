@@ -1,0 +1,22 @@
+r"""TITLE with Sparse Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
+
+  python -m lra_msmra.main --config configs/pathfinder/sinkhorn.py:runlocal \
+      --workdir /tmp/pathfinder_sinkhorn
+
+Options: see base.py; what they mean for every task:
+configs/common/sinkhorn.py.
+
+NOTE
+"""
+
+from lra_msmra import config_lib
+
+base = config_lib.load_sibling(__file__, 'base')
+common = config_lib.load_sibling(__file__, '../common/sinkhorn')
+
+
+def get_config(arg=None):
+  # Official image/configs/pathfinder32/sinkhorn_base.py.
+  return common.task_config(base, arg, block_size=64, num_layers=2,
+                            num_heads=4, emb_dim=32, qkv_dim=16, mlp_dim=64,
+                            dropout_rate=0.2)
