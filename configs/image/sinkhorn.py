@@ -1,4 +1,4 @@
-r"""TITLE with Sparse Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
+r"""Image (CIFAR-10) with Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
 
   python -m lra_msmra.main --config configs/image/sinkhorn.py:runlocal \
       --workdir /tmp/image_sinkhorn
@@ -6,7 +6,10 @@ r"""TITLE with Sparse Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
 Options: see base.py; what they mean for every task:
 configs/common/sinkhorn.py.
 
-NOTE
+  (none)  the official image/configs/cifar10/sinkhorn_base.py: blocks of 64,
+          1 layer, 1 head, D = 32, MLP 64, dropout 0.1, weight decay 0.7
+          (the CIFAR base sizes, not the Transformer's); 52,810 parameters,
+          21.3% of the LRA Transformer's. LRA leaderboard: 41.23.
 """
 
 from lra_msmra import config_lib

@@ -1,4 +1,4 @@
-r"""TITLE with Sparse Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
+r"""Pathfinder-32 with Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
 
   python -m lra_msmra.main --config configs/pathfinder/sinkhorn.py:runlocal \
       --workdir /tmp/pathfinder_sinkhorn
@@ -6,7 +6,10 @@ r"""TITLE with Sparse Sinkhorn attention (`sinkhorn`, arXiv:2002.11296).
 Options: see base.py; what they mean for every task:
 configs/common/sinkhorn.py.
 
-NOTE
+  (none)  the official image/configs/pathfinder32/sinkhorn_base.py: blocks
+          of 64, 2 layers, 4 heads, D = 32, qkv 16, MLP 64, dropout 0.2;
+          23,362 parameters, 88.1% of the LRA Transformer's. LRA
+          leaderboard: 67.45.
 """
 
 from lra_msmra import config_lib

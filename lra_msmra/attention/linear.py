@@ -168,4 +168,6 @@ class LinearAttention(base.Attention):
     num, den = sums(phi_q, phi_k, v, real)
     out = num / (den + EPSILON)[..., None]
     out = jnp.where(real[:, :, None, None], out, 0.0).astype(self.dtype)
-    return self.output_projection(out_features)(out)
+    y = self.output_projection(out_features)(out)
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)

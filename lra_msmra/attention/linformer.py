@@ -174,4 +174,5 @@ class LinformerAttention(base.Attention):
     probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
     out = jnp.einsum('bhqr,brhd->bqhd', probs, v_bar)
     y = self.output_projection(out_features)(out)
-    return y * padding_mask[..., None].astype(y.dtype)
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)

@@ -138,4 +138,5 @@ class LocalAttention(base.Attention):
     out = out.reshape(batch, self.num_heads, n, head_dim)
     out = block_sparse.positions_major(out)[:, :length]
     y = self.output_projection(out_features)(out)
-    return y * padding_mask[..., None].astype(y.dtype)
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)

@@ -254,4 +254,6 @@ class PerformerAttention(base.Attention):
     ok = real[:, :, None] & (den != 0)
     out = jnp.where(ok[..., None], num / jnp.where(ok, den, 1.0)[..., None],
                     0.0)
-    return self.output_projection(out_features)(out.astype(self.dtype))
+    y = self.output_projection(out_features)(out.astype(self.dtype))
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)

@@ -240,4 +240,6 @@ class ReformerAttention(base.Attention):
     weights = base.safe_softmax(lse, jnp.isfinite(lse), axis=2)
     out = jnp.einsum('bhrn,bhrnd->bnhd', weights, out)[:, :length]
     out = jnp.where(real[:, :, None, None], out, 0.0).astype(self.dtype)
-    return self.output_projection(out_features)(out)
+    y = self.output_projection(out_features)(out)
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)

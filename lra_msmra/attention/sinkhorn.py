@@ -221,4 +221,6 @@ class SinkhornAttention(base.Attention):
            + jnp.einsum('bhiqs,bishd->biqhd', sorted_w, sv))
     out = out.reshape(batch, padded, self.num_heads, head_dim)[:, :length]
     out = jnp.where(real[:, :, None, None], out, 0).astype(self.dtype)
-    return self.output_projection(out_features)(out)
+    y = self.output_projection(out_features)(out)
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)

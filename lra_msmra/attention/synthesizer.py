@@ -165,4 +165,6 @@ class SynthesizerAttention(base.Attention):
     probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
     y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
     y = jnp.where(real[:, :, None, None], y, 0).astype(self.dtype)
-    return self.output_projection(out_features)(y)
+    y = self.output_projection(out_features)(y)
+    # Padded query rows are exactly zero after the projection's bias too.
+    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)
