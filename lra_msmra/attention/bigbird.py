@@ -1,58 +1,15 @@
 """BigBird attention: window, global and random blocks (registry `bigbird`).
 
-Paper: Zaheer et al., "Big Bird: Transformers for Longer Sequences",
-NeurIPS 2020, arXiv:2007.14062, §2 and Appendix D (the blocked ITC form).
-Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/bigbird/` (`bigbird_attention.py`,
-`band_start_block_rand_multi_attention_pad`, from the BigBird authors'
-code); blocks of b = 64 and r = 3 random blocks on every task.
+Paper: Zaheer et al., NeurIPS 2020, arXiv:2007.14062. Official LRA code:
+google-research/long-range-arena, `lra_benchmarks/models/bigbird/`.
 
-The padded sequence is cut into nb blocks of b tokens. ITC form:
+Blocked ITC form: the first and last blocks are global, every other block
+attends to its three window blocks, the global blocks and `num_random_blocks`
+random blocks fixed per layer and head from a process-stable seed.
 
-* the first and the last block are **global**: their queries attend to
-  every key, and every query attends to their keys;
-* every other block i attends to the window blocks i - 1, i, i + 1, the two
-  global blocks, and r **random** blocks, drawn per head among the blocks
-  that are neither global nor in its window. As in the official code (and
-  the authors'), random blocks are drawn only among blocks lying within the
-  first `random_limit` = 1024 positions (`last_idx`), unless the sequence
-  has at most 2 b positions there.
-
-One softmax per query over its keys (a key reached twice counts once). The
-random pattern is fixed per layer: drawn once with numpy from a seed that
-combines `seed` with the layer's module path, the same for every example,
-step and process, different per layer and head.
-
-Cost: O(N (5 + r) b d) time and memory for the non-global blocks plus
-O(2 b N d) for the global ones.
-
-Causal form: none. The official code falls back to dense causal softmax
-attention for `causal_mask=True`; `causal=True` raises NotImplementedError
-(use `softmax` with `causal=True` for that function).
-
-Departures from the official code:
-
-* Seed. The official seed is Python's `hash` of the module path, which
-  changes between processes (string hashing is randomised), so a restored
-  model attends to other random blocks than it was trained with. We use a
-  CRC32 of the path, stable across processes.
-* Padding. The official code pads every length with b - N mod b positions
-  (a whole block when b divides N, which then becomes the last, global,
-  block although it holds no token) and marks them with a mask value of
-  -1e9 that its products can turn positive; real padding is masked with a
-  -10000 bias. We pad only to a multiple of b, mask padded keys exactly
-  (zero weight) and zero padded query outputs; rows without a visible real
-  key give zeros, never NaN.
-* Candidates for random blocks: every non-global block of the allowed
-  range outside the query block's window, for every block (the official
-  code's special cases near the end exclude a few more when the range is
-  capped). With fewer candidates than r, fewer random blocks are used (the
-  official code fails).
-* Short sequences: with nb <= 3 every query sees every key (full
-  attention); the official code needs at least 5 blocks.
-* Dropout. The official sparse path applies no attention dropout (its
-  `attention_dropout_rate` never reaches it); we apply element-wise dropout
-  on the weights. The LRA configs set the attention dropout to 0 to match.
+docs/mechanisms/bigbird.md: the computation, every departure from the official
+code and why, padding, the causal form (refused: `causal=True` raises), the
+tested invariants and the LRA settings.
 """
 
 from __future__ import annotations

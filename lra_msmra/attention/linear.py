@@ -1,35 +1,15 @@
-r"""Linear Transformer attention, elu(x) + 1 kernel (registry entry `linear`).
+r"""Linear Transformer attention, elu(x) + 1 kernel (registry `linear`).
 
-Paper: A. Katharopoulos, A. Vyas, N. Pappas, F. Fleuret, "Transformers are
-RNNs: Fast Autoregressive Transformers with Linear Attention", ICML 2020,
-arXiv:2006.16236. Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/linear_transformer/linear_attention.py`.
+Paper: Katharopoulos et al., ICML 2020, arXiv:2006.16236. Official LRA code:
+google-research/long-range-arena, `lra_benchmarks/models/linear_transformer/`.
 
-Softmax similarity exp(q.k / sqrt(d)) is replaced by a kernel
-phi(q) . phi(k) with phi(x) = elu(x) + 1 (paper Eq. 7), so that
+y_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)
+with phi(x) = elu(x) + 1, in O(N d^2); the causal form is a scan over positions
+(`causal_kernel_sums`), which `performer` shares.
 
-  y_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)
-
-costs O(N d^2) instead of O(N^2 d) (paper Eq. 5-6; eps = 1e-6 as the
-official code). Causal form (paper Eq. 8-12, the "RNN" view): the sums run
-over j <= i, computed here as a scan over positions (`causal_kernel_sums`),
-exact, with O(N d^2) time and, through autodiff, O(N d^2) memory per head.
-
-Departures from the official LRA code:
-
-* Padding is honoured: padded keys get phi = 0 (they enter neither sum) and
-  padded query outputs are zero. The official code ignores the padding mask
-  (it builds, but never raises, a NotImplementedError for it), so there every
-  padded token is a key of every real one.
-* A row without any real key divides 0 by eps and gives 0 (no NaN).
-* No scaling by 1 / sqrt(d): phi is applied to the raw projections, as in
-  the paper and the official code.
-* `dropout_rate` has no effect: no attention matrix is formed. The official
-  code drops its dropout arguments too.
-* Causal form: the official LRA code has none (only the paper's); here it is
-  the scan above.
-
-Features, sums and the normaliser are float32 whatever `dtype` is.
+docs/mechanisms/linear.md: the computation, every departure from the official
+code and why, padding, the causal form, the tested invariants and the LRA
+settings.
 """
 
 from __future__ import annotations
@@ -153,8 +133,7 @@ class LinearAttention(base.Attention):
       deterministic: unused (no attention dropout, module docstring).
 
     Returns:
-      `[batch, length, out_features]`; padded positions are zero before the
-      output projection.
+      `[batch, length, out_features]`, zero at padded positions.
     """
     del deterministic
     real = base.default_padding_mask(x, padding_mask)

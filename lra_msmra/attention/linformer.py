@@ -1,50 +1,15 @@
 """Linformer: low-rank projection of keys and values (registry `linformer`).
 
-Paper: Wang, Li, Khabsa, Fang, Ma, "Linformer: Self-Attention with Linear
-Complexity", arXiv:2006.04768, §4 (Eq. 7; parameter sharing). Official LRA
-code: google-research/long-range-arena, `lra_benchmarks/models/linformer/`
-(`linformer_attention.py`, class `LinformerAttention`).
+Paper: Wang et al., arXiv:2006.04768, §4. Official LRA code: google-
+research/long-range-arena, `lra_benchmarks/models/linformer/`.
 
-Keys and values are projected along the sequence to k rows by one learned
-matrix E in R^{N_max x k}, then attended by softmax:
+Keys and values are projected along the sequence to `low_rank_features` rows by
+one matrix E shared by keys, values and heads (and layers with `share_layers`);
+padded positions are left out of the projection.
 
-  head = softmax(Q (E^T K)^T / sqrt(d)) (E^T V)            (paper Eq. 7)
-
-As in the official code, E is shared by keys and values ("key-value
-sharing") and by all heads ("headwise sharing"), one E per layer, sized
-for the longest input (`max_len` rows, initialised with the layer's kernel
-initialiser, Xavier-uniform in LRA) and cut to the first N rows for an
-input of length N. k = 16 on every LRA task: the official module's default.
-(The official Text config sets `low_rank_features = 32` at the top level of
-the config, which never reaches the model, so 16 is what ran.)
-`share_layers=True` shares one E across all layers too (the paper's
-"layerwise sharing"): it is then a model-level parameter
-(`shared_module`).
-
-Padding: padded positions are removed from the projection,
-E^T K = sum over real positions n of E[n] K[n] (same for V), so padded
-inputs cannot reach real tokens. The k projected rows are always attended
-(they are mixtures, not positions); with no real token they are zero.
-Padded queries output zero.
-
-Cost: O(N k d) time and O(N k) score memory per head.
-
-Causal form: none (E mixes every position into every projected row; the
-paper has no causal variant and the official code ignores `causal_mask`):
-`causal=True` raises NotImplementedError.
-
-Departures from the official code:
-
-* The official code applies no mask at all (`bias=None`; "Does Linformer
-  care about masks?"): padded keys and values enter the projections and
-  reach every real token. We zero them before projecting; this bug is not
-  reproduced.
-* `max_len`: the official E has the encoder's `max_len` rows (+1 with a
-  CLS token). Ours has `max_len` rows when the knob is set, otherwise as
-  many as the input the layer is initialised with (the trainer initialises
-  with the longest input, CLS included: the same count).
-* Attention dropout element-wise on the weights (official
-  `broadcast_dropout=False`).
+docs/mechanisms/linformer.md: the computation, every departure from the
+official code and why, padding, the causal form (refused: `causal=True`
+raises), the tested invariants and the LRA settings.
 """
 
 from __future__ import annotations

@@ -1,43 +1,16 @@
-"""Local attention: softmax attention inside fixed blocks (registry `local`).
+"""Local attention: softmax inside fixed blocks (registry `local`).
 
-The LRA paper's simple local baseline. Block-local attention is the "local
-attention" of Liu et al., "Generating Wikipedia by Summarizing Long
-Sequences", ICLR 2018 (arXiv:1801.10198): the sequence is cut into blocks of
-`block_size` tokens and every token attends, with one softmax, to the tokens
-of its own block only. Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/local/` (`local_attention.py`, class
-`LocalAttention`); block size 50 on ListOps, Text and Retrieval (the
-encoder's default) and 64 on the image tasks (their `local_base.py`).
+Block-local attention as in Liu et al., ICLR 2018, arXiv:1801.10198, the LRA
+paper's local baseline. Official LRA code: google-research/long-range- arena,
+`lra_benchmarks/models/local/`.
 
-Cost: O(N B d) time and O(N B) score memory per head for blocks of B.
+Every token attends, with one softmax, to the real tokens of its own group of
+`block_size`: contiguous blocks (default) or the official code's strided groups
+(`grouping='strided'`).
 
-Causal form: keys of the own block up to the query (the official module's
-`causal_mask`, which LRA never turns on).
-
-`grouping` picks which tokens share a softmax:
-
-* `'contiguous'` (default): blocks of consecutive positions [g B, (g+1) B),
-  as the name, the paper and the official code's own padding mask intend.
-* `'strided'`: the groups the official code actually forms. It reshapes
-  `[batch, N', ...]` to `[batch, B, N'/B, ...]` and attends over the axis
-  of size B, so position p joins the group p mod G (G = N'/B), whose B
-  members are G positions apart. N' = (N // B + 1) B, as the official code
-  always pads by B - N mod B (a whole block when B divides N), so G follows
-  from N exactly as there.
-
-Departures from the official code:
-
-* Padding. The official code builds its padding mask from contiguous blocks
-  while the attention runs over the strided groups, so it masks the wrong
-  keys (real keys masked, padded keys attended), and pads its mask with
-  -1e9, which counts as a real token. We mask the padded keys of each group
-  exactly, in both groupings; this bug is not reproduced.
-* Padded queries output exactly zero (project convention); rows without a
-  real key give zeros, never NaN (`base.safe_softmax` numerics).
-* `'contiguous'` pads N to a multiple of B only (with masked positions),
-  then crops; the official always adds B - N mod B positions.
-* Attention dropout is element-wise, as the official LRA block passes
-  `broadcast_dropout=False`.
+docs/mechanisms/local.md: the computation, every departure from the official
+code and why, padding, the causal form, the tested invariants and the LRA
+settings.
 """
 
 from __future__ import annotations

@@ -1,48 +1,15 @@
 """Longformer attention: sliding window plus global tokens (`longformer`).
 
-Paper: Beltagy, Peters, Cohan, "Longformer: The Long-Document Transformer",
-arXiv:2004.05150, §3.1 (sliding window, global attention, two sets of
-projections). Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/longformer/` (`longformer_attention.py`, class
-`LongformerAttention`), which, like the HuggingFace version it cites,
-implements the sliding window and global attention, not dilation.
+Paper: Beltagy et al., arXiv:2004.05150, §3.1. Official LRA code: google-
+research/long-range-arena, `lra_benchmarks/models/longformer/`.
 
-Window: query i sees keys [i - left + 1, i + right] with right = w // 2
-and left = w - right (itself included), as the official code: w keys, one
-more on the left when w is even. Global tokens: the first g positions
-(`num_global_tokens`). A global query attends to every key; every query
-attends to the global keys. Non-global queries use one softmax over their
-window and the global keys (each key once), with the window projections
-Q_s, K_s, V_s. Global queries use their own projections Q_g, K_g, V_g over
-all keys (`global_projections=True`, paper §3.1 and the official code), or
-the window ones (`False`).
+A window of `window_size` keys around each query, computed in blocks, plus
+`num_global_tokens` leading positions with global attention (none in LRA) and
+their own projections.
 
-LRA passes no global mask (`global_mask=None`): no global tokens, so the
-LRA model is the sliding window of w = 512 alone (the encoder's default;
-no config changes it). That is our default (`num_global_tokens=0`).
-
-Cost: O(N (w + g) d) time and O(N (w + g)) memory for the non-global
-queries, plus O(g N d) for the global ones. Queries run in blocks of B =
-min(w, 128), each block attending to a tile of B + w - 1 keys.
-
-Causal form (`causal=True`): the official `causal_mask` applied to both
-branches: the window is [i - left + 1, i] and global keys and queries see
-only earlier positions.
-
-Departures from the official code:
-
-* The official code creates the global projections Q_g, K_g, V_g in every
-  layer even with no global token, where they receive no gradient (3 of
-  its 7 projection matrices are dead in LRA). We create them only when
-  g > 0 and `global_projections=True`, so the LRA model has the
-  Transformer's parameter count.
-* The official code computes dense N x N scores for both branches and
-  masks them; we compute the window in blocks and the global parts apart
-  (the same function).
-* Padded keys get exactly zero weight (official: a -1e10 bias); padded
-  queries output zero; a row without a visible real key gives zeros.
-* Attention dropout element-wise on the weights (official
-  `broadcast_dropout=False`).
+docs/mechanisms/longformer.md: the computation, every departure from the
+official code and why, padding, the causal form, the tested invariants and the
+LRA settings.
 """
 
 from __future__ import annotations

@@ -1,57 +1,16 @@
-r"""Performer: FAVOR+ kernel attention (registry entry `performer`).
+r"""Performer: FAVOR+ kernel attention (registry `performer`).
 
-Paper: K. Choromanski et al., "Rethinking Attention with Performers", ICLR
-2021, arXiv:2009.14794. Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/performer/performer_attention.py` (a fork of
-google-research `performer/fast_attention/jax/fast_attention.py`).
+Paper: Choromanski et al., ICLR 2021, arXiv:2009.14794. Official LRA code:
+google-research/long-range-arena, `lra_benchmarks/models/performer/`.
 
-Attention with a kernel phi(q) . phi(k) in place of exp(q.k / sqrt(d)),
-computed in O(N m d) as in `linear` (`linear.kernel_sums`):
+Kernel attention with positive random features for the softmax kernel
+(`kernel='softmax'`) or ReLU features (`'relu'`, the official LRA default),
+computed with `linear`'s sums; the features are a constant drawn from
+`feature_seed`.
 
-  y_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / phi(q_i)^T sum_j phi(k_j).
-
-`kernel` picks phi (W: the `[m, d]` projection, x' = x / d^{1/4}):
-
-* `'softmax'` (FAVOR+, paper Lemma 1 / Eq. 7): positive random features
-  phi(x) = exp(W x' - |x'|^2 / 2 - c) / sqrt(m) + 1e-6, an unbiased estimate
-  of exp(q.k / sqrt(d)) for Gaussian rows of W; c is a stabiliser, the row
-  maximum of W x' for queries and the maximum over all real keys and features
-  for keys (official numerics).
-* `'relu'` (the paper's generalized attention; the official LRA default):
-  phi(x) = relu(W x) + 1e-3, with x not rescaled unless `normalize_data`.
-
-`features` draws W: `'orthogonal'` (blocks of d orthonormal rows, from QR of
-Gaussian matrices, rows rescaled to Gaussian-row norms: `ortho_scaling=0`,
-or to sqrt(d): `ortho_scaling=1`), `'iid'` (Gaussian rows) or
-`'deterministic'` (no projection: phi acts on x itself, m = d; relu only,
-the official default for relu).
-
-Randomness: W is a constant drawn from `jax.random.PRNGKey(feature_seed)`,
-the same in every layer and every call, so training and evaluation use the
-same features and everything is reproducible from the config. The official
-relu attention does the same (its matrix comes from PRNGKey(0)). Its softmax
-attention instead redraws W at every call from a seed computed from the sum
-of the whole batch's queries: outputs then depend on the other examples of
-the batch and on padded positions, so we do not reproduce that redrawing
-(the paper's periodic redrawing is not implemented either).
-
-Normaliser: the row sum R gets 2 eps where |R| <= eps (eps = 1e-6 softmax,
-0 relu, official), and a row with R = 0 (no real key) gives 0, not NaN.
-
-Departures from the official LRA code:
-
-* Padding is honoured: padded keys have phi = 0 and do not enter the key
-  stabiliser; padded query outputs are 0. The official code drops the mask
-  (its attention function ignores the bias argument).
-* No attention dropout (no attention matrix); the official code has none.
-* Causal form (paper §2.5, official `unidirectional`): prefix sums by a scan
-  over positions (`linear.causal_kernel_sums`), exact and causal bit for bit.
-  For the softmax kernel a key's stabiliser cannot be a maximum over all keys
-  (later keys would change earlier outputs), so in causal mode each key is
-  scaled by its own feature maximum and the scan rescales the running sums
-  by their running maximum, which cancels in the ratio; the keys' additive
-  1e-6 is dropped there. The official unidirectional code uses the global
-  key maximum.
+docs/mechanisms/performer.md: the computation, every departure from the
+official code and why, padding, the causal form, the tested invariants and the
+LRA settings.
 """
 
 from __future__ import annotations
@@ -220,8 +179,7 @@ class PerformerAttention(base.Attention):
       deterministic: unused (no attention dropout; W is fixed).
 
     Returns:
-      `[batch, length, out_features]`; padded positions are zero before the
-      output projection.
+      `[batch, length, out_features]`, zero at padded positions.
     """
     del deterministic
     real = base.default_padding_mask(x, padding_mask)

@@ -1,51 +1,16 @@
-r"""Reformer: LSH attention with shared query-key (registry entry `reformer`).
+r"""Reformer: LSH attention with shared query-key (registry `reformer`).
 
-Paper: N. Kitaev, L. Kaiser, A. Levskaya, "Reformer: The Efficient
-Transformer", ICLR 2020, arXiv:2001.04451. Official LRA code:
-google-research/long-range-arena,
-`lra_benchmarks/models/reformer/reformer_attention.py`.
+Paper: Kitaev et al., ICLR 2020, arXiv:2001.04451. Official LRA code: google-
+research/long-range-arena, `lra_benchmarks/models/reformer/`.
 
-Queries and keys are one projection (shared-QK, paper §3). Each hash round
-r = 1..`num_hashes` hashes every position by angular LSH (paper Eq. 4 /
-§3.1): with a random rotation R_r in R^{d x b/2}, h(x) = argmax([x R_r;
--x R_r]) over b = `num_buckets` buckets. Positions are sorted by (bucket,
-position); the sorted sequence (all rounds one after another) is cut into
-chunks, and each chunk attends to itself and the chunk before it (the first
-chunk to the last: the official wrap-around). A position's rounds are
-combined by their log-sum-exps, softmax over rounds (the paper's multi-round
-normalisation). Chunk length: `chunk_length`, or (None, the official LRA
-layout) the padded length / `num_buckets`, i.e. `num_buckets` chunks per
-round; the sequence is right-padded with masked positions to a multiple of
-it.
+Shared query-key vectors are hashed by angular LSH (fixed rotations from
+`hash_seed`), sorted by bucket and cut into chunks; each chunk attends to
+itself and the previous chunk, and hash rounds are combined by their log-sum-
+exps.
 
-Randomness: the rotations are a constant drawn from
-`jax.random.PRNGKey(hash_seed)`, shared by every head, example, layer and
-call, as in the official code (which draws them from PRNGKey(0) inside every
-call). Training and evaluation hash alike; nothing depends on an rng stream.
-The paper (and trax) draw fresh rotations at each call instead.
-
-Departures from the official LRA code:
-
-* Padding: padded keys are masked, and padded positions are put in an extra
-  last bucket whatever their content, so they can neither take chunk places
-  of real tokens nor move them; padded query outputs are 0. The official
-  code ignores the padding mask (and pads the length with zero tokens, always
-  adding at least one chunk length).
-* Scaling: logits q.k / sqrt(d). The official code multiplies by sqrt(d).
-* An output projection (`out`, as every other mechanism and the paper's
-  multi-head layer). The official layer has none, and uses the model width
-  instead of `qkv_dim` for its projections; we use `qkv_features`.
-* Attention dropout on the in-chunk weights (the official code has none).
-* `normalize_keys` (keys = RMS-normalised queries, the official code's unused
-  `length_normalized`; the paper and trax normalise keys) and `mask_self`
-  (a query's own position gets logit -1e5, so it is attended only when
-  nothing else is, paper §3 / trax) default to off, as in the official code.
-* No causal form: the official code has none ("not working yet"), and LSH
-  bucketing cannot give one that is exact: the sorted order, hence which
-  earlier keys share a query's chunk, depends on later tokens' hashes.
-  `causal=True` raises NotImplementedError.
-* Multi-round duplicates (the same key found in several rounds) are not
-  discounted, as in the official code (the paper's appendix does).
+docs/mechanisms/reformer.md: the computation, every departure from the official
+code and why, padding, the causal form (refused: `causal=True` raises), the
+tested invariants and the LRA settings.
 """
 
 from __future__ import annotations
@@ -183,8 +148,7 @@ class ReformerAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`; padded positions are zero before the
-      output projection.
+      `[batch, length, out_features]`, zero at padded positions.
     """
     real = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)

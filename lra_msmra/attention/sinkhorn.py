@@ -1,55 +1,16 @@
-r"""Sparse Sinkhorn attention (registry entry `sinkhorn`).
+r"""Sparse Sinkhorn attention (registry `sinkhorn`).
 
-Paper: Y. Tay, D. Bahri, L. Yang, D. Metzler, D.-C. Juan, "Sparse Sinkhorn
-Attention", ICML 2020, arXiv:2002.11296. Official LRA code:
-google-research/long-range-arena,
-`lra_benchmarks/models/sinkhorn_transformer/sinkhorn_attention.py`.
+Paper: Tay et al., ICML 2020, arXiv:2002.11296. Official LRA code: google-
+research/long-range-arena, `lra_benchmarks/models/sinkhorn_transformer/`.
 
-The sequence is cut into N_B contiguous blocks of b = `block_size` tokens
-(right-padded with masked positions). A SortNet (paper §3.1) scores, for
-every block i, the blocks j it should be matched with: the block summary
-(the sum of the block's keys, as the official code pools keys) goes through
-a linear map to `max_num_blocks` logits, cropped to N_B, shared by the heads.
-The scores become a sorting matrix R (`sort_activation`): a softmax over j
-(the official default, used on LRA) or Sinkhorn balancing (paper Eq. 5-6:
-`sinkhorn_iterations` alternating row and column normalisations in log
-space, at `temperature`). Block i's sorted keys and values are
-sum_j R_ij K_j and sum_j R_ij V_j (paper Eq. 4, psi_S = R B(X)).
+A SortNet maps each block's key summary to a soft permutation R over blocks
+(softmax, or Sinkhorn balancing); every query attends to its own block and,
+with a second softmax, to block i's sorted keys sum_j R_ij K_j; the two outputs
+are added.
 
-Every query of block i attends (a) to the keys of its own block and (b) to
-the b sorted keys of block i, with one softmax each, and the two outputs are
-added, as the official code does (`x + sorted_x`).
-
-Padding and lengths: padded keys and values are zeroed before pooling and
-sorting, blocks without a real token are excluded from the SortNet's
-columns (and from Sinkhorn's rows and columns), local keys that are padded
-are masked, and a sorted slot is masked when its mixture holds no real
-token (sum_j R_ij real_j[s] = 0). Padded query outputs are 0.
-
-Causal form (paper §3.4, causal Sinkhorn): local attention is masked to
-j <= i inside the block; block i's SortNet summary is the key of its first
-token (the official causal code's choice, which no query of the block
-precedes) and R is a softmax over strictly earlier blocks only (block 0 has
-no sorted part). With `sort_activation='sinkhorn'` a causal form does not
-exist here: column normalisation would let later blocks change earlier
-rows, so `causal=True` raises NotImplementedError for it.
-
-Departures from the official LRA code (which has several defects):
-
-* Blocks are contiguous. The official code reshapes `[batch, length, ...]`
-  to `[batch, block_size, num_blocks, ...]`, so its "blocks" are strided
-  (positions p with p mod N_B equal), while its padding mask is cut into
-  contiguous blocks.
-* Sorting: sum_j R_ij K_j. The official einsum 'bskhd,bnhl->bsnhd' sums over
-  both block indices, so every "sorted" block is the plain sum of all blocks
-  and the SortNet receives no gradient.
-* Padding as above (the official code mixes padded keys into sorted blocks).
-* `max_num_blocks` defaults to the number of blocks at initialisation and an
-  input with more blocks is an error; the official default 25 is silently
-  too small for ListOps' 40 blocks of 50.
-* Sinkhorn balancing does not clip the final log-matrix to [-1, 1] (the
-  official `clip=1.0`, which undoes the normalisation); Gumbel noise is not
-  implemented (the official option name exists without code).
+docs/mechanisms/sinkhorn.md: the computation, every departure from the official
+code and why, padding, the causal form (softmax sorting only; 'sinkhorn'
+sorting raises), the tested invariants and the LRA settings.
 """
 
 from __future__ import annotations
@@ -146,8 +107,7 @@ class SinkhornAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`; padded positions are zero before the
-      output projection.
+      `[batch, length, out_features]`, zero at padded positions.
     """
     real = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)

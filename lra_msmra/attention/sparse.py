@@ -1,47 +1,15 @@
 """Sparse Transformer attention, fixed pattern (registry `sparse`).
 
-Paper: Child, Gray, Radford, Sutskever, "Generating Long Sequences with
-Sparse Transformers", arXiv:1904.10509, §4.3 ("fixed" attention pattern).
-Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/sparse_transformer/` (`sparse_attention.py`,
-patterns `Fixed1Pattern` and `Fixed2Pattern`, merged into one head as the
-paper does for enwik8); LRA passes block length l = 50 and c = 10 on every
-task (`utils/train_utils.py`).
+Paper: Child et al., arXiv:1904.10509, §4.3. Official LRA code: google-
+research/long-range-arena, `lra_benchmarks/models/sparse_transformer/`.
 
-Positions are counted from the first position after the prefix tokens (the
-CLS token, see below): i' = i - p, j' = j - p. Query i sees key j when
+Each query sees its own block of l positions and the summary positions of every
+block (one softmax over the union); causal in the encoder too, as the official
+code (`pattern_causal`), with the prefix (CLS) rows and columns open.
 
-* A(1), same block: floor(j' / l) = floor(i' / l), or
-* A(2), summary key: j' mod l = 0 or j' mod l >= l - c (the paper's set
-  {t, ..., l} with t = l - c, read modulo l as the official code does: the
-  last c positions of every block and the first one),
-
-and, as in the official code and the paper, j <= i: **every pattern is
-causal, also in the bidirectional encoder** (`pattern_causal=True`, the
-official behaviour; `False` gives the symmetric pattern, same block in both
-directions and every summary key). One softmax over the union.
-
-Prefix tokens (`num_prefix_tokens` = p): the official encoder with CLS
-pooling builds the pattern over positions 1.. and lets the CLS token see
-every key and be seen by every query (`use_cls_token`); p = 1 does the same.
-
-Cost: the own block (l keys) plus the summary keys of the whole sequence,
-about N (c + 1) / l of them: O(N^2 (c + 1) / l) time and memory, as in the
-paper's fixed pattern (the official code builds the dense N x N mask).
-
-Causal form (`causal=True`): the same pattern with j <= i for every query,
-prefix tokens included (which then see only earlier keys).
-
-Departures from the official code:
-
-* The official code computes dense N x N scores and masks them; we compute
-  only the own block and the summary keys (the same function).
-* Padded keys are masked with exact zero weight (official: a -1e10 bias);
-  padded queries output zero; rows without a visible real key give zeros,
-  never NaN (`base.safe_softmax` numerics).
-* A summary key inside the query's own block is counted once (the
-  official union of masks does the same).
-* Attention dropout is element-wise (official `broadcast_dropout=False`).
+docs/mechanisms/sparse.md: the computation, every departure from the official
+code and why, padding, the causal form, the tested invariants and the LRA
+settings.
 """
 
 from __future__ import annotations

@@ -1,47 +1,15 @@
-r"""Synthesizer: synthetic attention weights (registry entry `synthesizer`).
+r"""Synthesizer: synthetic attention weights (registry `synthesizer`).
 
-Paper: Y. Tay, D. Bahri, D. Metzler, D.-C. Juan, Z. Zhao, C. Zheng,
-"Synthesizer: Rethinking Self-Attention in Transformer Models", ICML 2021,
-arXiv:2005.00743. Official LRA code: google-research/long-range-arena,
-`lra_benchmarks/models/synthesizer/synthesizer_attention.py`.
+Paper: Tay et al., ICML 2021, arXiv:2005.00743. Official LRA code: google-
+research/long-range-arena, `lra_benchmarks/models/synthesizer/`.
 
-The attention logits of head h are a sum of the parts named in
-`synthesizer_mode` ('+'-separated), plus the usual q.k / sqrt(d) unless
-`ignore_dot_product`, followed by one softmax over the keys and the values:
+The logits are the sum of the parts of `synthesizer_mode` (a learned random
+table, its factorisation, a dense map of the query token) plus the dot product
+unless `ignore_dot_product`; one softmax over the keys.
 
-* `random` (paper Eq. 3): a learned table R_h in R^{L x L}, independent of
-  the input, cropped to the sequence: logit(i, j) = R_h[i, j].
-* `factorized_random` (paper §3.1): R_h = R1_h R2_h with R1_h in R^{L x k},
-  R2_h in R^{k x L}, k = `factorized_k`.
-* `dense` (paper Eq. 1-2): a two-layer map of the query token alone,
-  B_i = W2 relu(W1 x_i + b1) + b2 in R^L: logit(i, j) = B_i[j]. As in the
-  official code W1 maps the model width to heads x head_dim and W2 (shared by
-  the heads) maps head_dim to L.
-
-The official LRA Synthesizer is `random` mixed with the dot product (the
-encoder's defaults; no task config changes them: the Text config sets
-`synthesizer_mode` and `ignore_dot_product` at the top level, where the
-training script never reads them). L is the table size: `max_length`, or
-the sequence length seen at initialisation when None; a longer input at
-apply time is an error.
-
-Randomness: "random" refers to the initialisation; the tables are trainable
-parameters (initialised with the projection initialiser, as the official
-`kernel_init`), deterministic at evaluation.
-
-Departures from the official LRA code:
-
-* Padded keys are masked in every mode and padded query outputs are 0. With
-  `ignore_dot_product=True` the official code applies no padding mask at all.
-* The dense logits are moved from `[batch, length, heads, L]` to
-  `[batch, heads, length, L]` by a transpose; the official code uses a
-  reshape there (flagged "TODO check if this reshape is needed"), which mixes
-  positions and heads.
-* Softmax over valid keys (`base.safe_softmax`, float32) instead of a -1e10
-  bias: rows without a real key give zeros.
-* Causal form: every part masked to keys j <= i (the paper's causal
-  Synthesizer; the dense part of row i reads x_i only), as the official code
-  masks with its causal mask.
+docs/mechanisms/synthesizer.md: the computation, every departure from the
+official code and why, padding, the causal form, the tested invariants and the
+LRA settings.
 """
 
 from __future__ import annotations
@@ -121,8 +89,7 @@ class SynthesizerAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`; padded positions are zero before the
-      output projection.
+      `[batch, length, out_features]`, zero at padded positions.
     """
     real = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
