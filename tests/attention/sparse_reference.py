@@ -6,7 +6,9 @@ softmax attention in which query i may only see the keys j with
 an explicit N x N (or heads x N x N) pattern, so each test only has to write
 down its mechanism's pattern from the paper's and the official code's rules.
 The checks below (finite differences, padding invariance, the data-parallel
-mesh) are shared by those tests and by `linformer`'s.
+mesh) are shared by those tests and by `linformer`'s; `params` (parameters
+without compiling the initialiser) and `jitted` (one compiled apply per
+layer configuration) by every LRA-model test, to keep their time down.
 """
 
 from __future__ import annotations
@@ -32,25 +34,64 @@ def masks(length: int) -> np.ndarray:
 
 
 def inputs(length: int, features: int, seed: int = 0):
-  x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
-                                   (3, length, features)))
+  x = np.random.RandomState(seed).standard_normal(
+      (3, length, features)).astype(np.float32)
   return x, masks(length)
 
 
+def params(layer, x, mask, seed: int = 0):
+  """Parameters of the layer's shapes without compiling its initialiser.
+
+  `layer.init` under `jit` compiles the whole forward pass, the largest part
+  of these tests' time; `eval_shape` only traces it. Kernels are drawn
+  N(0, 1 / fan_in) (fan_in: the input axis, all but the last axis for the
+  output projection), biases are zero, every other parameter (tables,
+  low-rank and sorting kernels) as a kernel over its first axis.
+  """
+  shapes = jax.eval_shape(layer.init, jax.random.PRNGKey(seed),
+                          jnp.asarray(x), padding_mask=jnp.asarray(mask))
+  rng = np.random.RandomState(seed)
+
+  def draw(path, leaf):
+    names = [str(getattr(k, 'key', k)) for k in path]
+    if names[-1] == 'bias':
+      return jnp.zeros(leaf.shape, leaf.dtype)
+    fan_in = (math.prod(leaf.shape[:-1]) if names[-2:-1] == ['out']
+              else leaf.shape[0])
+    value = rng.standard_normal(leaf.shape) / math.sqrt(max(fan_in, 1))
+    return jnp.asarray(value, leaf.dtype)
+  return jax.tree_util.tree_map_with_path(draw, shapes['params'])
+
+
 def init(layer, x, mask, seed: int = 0):
-  """Initialises; biases (if any) get random values so that they matter."""
-  params = jax.jit(layer.init)(jax.random.PRNGKey(seed), jnp.asarray(x),
-                               padding_mask=jnp.asarray(mask))['params']
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed + 100), 256))
+  """`params`, with random biases (if any) so that they matter."""
+  rng = np.random.RandomState(seed + 100)
 
   def perturb(path, p):
     name = str(getattr(path[-1], 'key', path[-1]))
-    return 0.3 * jax.random.normal(next(keys), p.shape) if name == 'bias' else p
-  return {'params': jax.tree_util.tree_map_with_path(perturb, params)}
+    if name == 'bias':
+      return 0.3 * rng.standard_normal(p.shape).astype(np.float32)
+    return p
+  return {'params': jax.tree_util.tree_map_with_path(
+      perturb, params(layer, x, mask, seed))}
+
+
+_JITTED = {}
+
+
+def jitted(layer, **kw):
+  """`layer.apply(v, x, padding_mask=m, **kw)` under `jit`, one compiled
+  function per layer configuration and shapes for the whole test session
+  (a fresh `jax.jit(lambda ...)` per call would compile again)."""
+  key = (repr(layer), repr(sorted(kw.items())))
+  if key not in _JITTED:
+    _JITTED[key] = jax.jit(
+        lambda v, a, m: layer.apply(v, a, padding_mask=m, **kw))
+  return _JITTED[key]
 
 
 def apply(layer, variables, x, mask, **kw):
-  fn = jax.jit(lambda v, a, m: layer.apply(v, a, padding_mask=m, **kw))
+  fn = jitted(layer, **kw)
   return np.asarray(fn(variables, jnp.asarray(x), jnp.asarray(mask)))
 
 
@@ -152,8 +193,7 @@ def check_padding_invariance(layer, variables, x, mask, seed: int = 7
                              ) -> None:
   """Changing padded inputs changes no real output, and padded ones are 0."""
   y = apply(layer, variables, x, mask)
-  noise = 10.0 * np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
-                                              x.shape))
+  noise = 10.0 * np.random.RandomState(seed).standard_normal(x.shape)
   y2 = apply(layer, variables, np.where(mask[..., None], x, noise), mask)
   np.testing.assert_allclose(y2[mask], y[mask], rtol=1e-5, atol=1e-6)
   assert np.all(y[~mask] == 0.0) and np.all(y2[~mask] == 0.0)

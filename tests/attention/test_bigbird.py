@@ -113,7 +113,7 @@ def test_pattern_is_fixed_per_layer_and_differs_between_layers():
       ('block_0',), 1)
 
 
-@pytest.mark.parametrize('block_size', [5, 12, 30])
+@pytest.mark.parametrize('block_size', [5, 30])  # 3 blocks; one block > N
 def test_three_blocks_or_fewer_is_softmax(block_size):
   x, mask = ref.inputs(12, FEATURES)
   layer = BigBirdAttention(num_heads=HEADS, block_size=block_size)

@@ -16,6 +16,7 @@ import pytest
 
 from lra_msmra.attention import performer
 from lra_msmra.attention.performer import PerformerAttention
+from tests.attention import sparse_reference as ref
 
 FEATURES, HEADS = 8, 2
 HEAD_DIM = FEATURES // HEADS
@@ -31,26 +32,26 @@ def _mask(length):
 
 
 def _inputs(length, seed=0):
-  x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
-                                   (3, length, FEATURES)))
+  x = np.random.RandomState(seed).standard_normal(
+      (3, length, FEATURES)).astype(np.float32)
   return x, _mask(length)
 
 
 def _init(layer, x, mask, seed=0):
-  variables = jax.jit(layer.init)(jax.random.PRNGKey(seed), jnp.asarray(x),
-                                  padding_mask=jnp.asarray(mask))
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed + 100), 16))
+  variables = {'params': ref.params(layer, x, mask, seed)}
+  rng = np.random.RandomState(seed + 100)
 
   def perturb(path, p):
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
-    return 0.3 * jax.random.normal(next(keys), p.shape) if name.endswith(
-        'bias') else p
+    if name.endswith('bias'):
+      return 0.3 * rng.standard_normal(p.shape).astype(np.float32)
+    return p
   return {'params': jax.tree_util.tree_map_with_path(perturb,
                                                      variables['params'])}
 
 
 def _apply(layer, variables, x, mask):
-  fn = jax.jit(lambda v, a, m: layer.apply(v, a, padding_mask=m))
+  fn = ref.jitted(layer)
   return fn(variables, jnp.asarray(x), jnp.asarray(mask))
 
 
@@ -62,12 +63,12 @@ def _dense(p, name, x):
   return out
 
 
-def _out(p, out):
+def _out(p, out, mask):
   y = np.tensordot(out, np.asarray(p['out']['kernel'], np.float64),
                    axes=([-2, -1], [0, 1]))
   if 'bias' in p['out']:
     y = y + np.asarray(p['out']['bias'], np.float64)
-  return y
+  return y * mask[..., None]  # padded query rows are zero
 
 
 def _w(layer):
@@ -105,7 +106,7 @@ def dense_performer(layer, variables, x, mask):
       a = np.exp(log_a - row_top)
       den = a.sum(-1, keepdims=True)
       out = np.einsum('bhij,bjhd->bihd', a / np.where(den > 0, den, 1), v)
-      return _out(p, out * mask[:, :, None, None])
+      return _out(p, out * mask[:, :, None, None], mask)
     else:
       masked = np.where(mask[:, :, None, None], kd, -np.inf)
       top = masked.max(axis=(1, 3), keepdims=True)
@@ -129,7 +130,7 @@ def dense_performer(layer, variables, x, mask):
       0, 2, 1)[..., None]
   out = np.where((ok.transpose(0, 2, 1) & mask[:, :, None])[..., None], out,
                  0.0)
-  return _out(p, out)
+  return _out(p, out, mask)
 
 
 CASES = [
@@ -157,7 +158,8 @@ def test_matches_dense_reference(case):
                              rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize('index', [1, 2, 4, 5])
+# Softmax kernel bidirectional and causal, ReLU kernel (causal scan).
+@pytest.mark.parametrize('index', [1, 2, 5])
 def test_gradients_match_finite_differences_of_dense_reference(index):
   case = dict(CASES[index])
   n = case.pop('n')
@@ -197,7 +199,7 @@ def _softmax_attention(variables, x, mask):
   weights = np.exp(logits)
   weights /= weights.sum(-1, keepdims=True)
   out = np.einsum('bhij,bjhd->bihd', weights, v) * mask[:, :, None, None]
-  return _out(p, out)
+  return _out(p, out, mask)
 
 
 @pytest.mark.parametrize('features', ['orthogonal', 'iid'])
@@ -279,8 +281,9 @@ def test_last_causal_row_matches_bidirectional_row():
     np.testing.assert_allclose(y_c[:, -1], y_bi[:, -1], rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize('kernel', ['softmax', 'relu'])
-@pytest.mark.parametrize('causal', [False, True])
+# The bidirectional ReLU kernel shares the sums of the bidirectional softmax.
+@pytest.mark.parametrize('kernel,causal', [
+    ('softmax', False), ('softmax', True), ('relu', True)])
 def test_any_padding_pattern_gives_finite_values_and_gradients(kernel, causal):
   n = 12
   x, mask = _inputs(n)
@@ -331,3 +334,12 @@ def test_causal_softmax_kernel_survives_large_keys():
 def test_invalid_knobs_raise(kw, match):
   with pytest.raises(ValueError, match=match):
     PerformerAttention(num_heads=HEADS, **kw)
+
+
+def test_data_parallel_mesh():
+  """Forward and gradients on the data-parallel mesh equal one device's
+  (the softmax kernel's per-example key stabiliser)."""
+  x, mask = _inputs(13)
+  layer = PerformerAttention(num_heads=HEADS, kernel='softmax',
+                             num_features=8)
+  ref.check_mesh(layer, _init(layer, x, mask), x, mask)

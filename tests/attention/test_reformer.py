@@ -17,6 +17,7 @@ import pytest
 
 from lra_msmra.attention import reformer
 from lra_msmra.attention.reformer import ReformerAttention
+from tests.attention import sparse_reference as ref
 
 FEATURES, HEADS = 8, 2
 HEAD_DIM = FEATURES // HEADS
@@ -32,26 +33,26 @@ def _mask(length):
 
 
 def _inputs(length, seed=0):
-  x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
-                                   (3, length, FEATURES)))
+  x = np.random.RandomState(seed).standard_normal(
+      (3, length, FEATURES)).astype(np.float32)
   return x, _mask(length)
 
 
 def _init(layer, x, mask, seed=0):
-  variables = jax.jit(layer.init)(jax.random.PRNGKey(seed), jnp.asarray(x),
-                                  padding_mask=jnp.asarray(mask))
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed + 100), 16))
+  variables = {'params': ref.params(layer, x, mask, seed)}
+  rng = np.random.RandomState(seed + 100)
 
   def perturb(path, p):
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
-    return 0.3 * jax.random.normal(next(keys), p.shape) if name.endswith(
-        'bias') else p
+    if name.endswith('bias'):
+      return 0.3 * rng.standard_normal(p.shape).astype(np.float32)
+    return p
   return {'params': jax.tree_util.tree_map_with_path(perturb,
                                                      variables['params'])}
 
 
 def _apply(layer, variables, x, mask, **kw):
-  fn = jax.jit(lambda v, a, m: layer.apply(v, a, padding_mask=m, **kw))
+  fn = ref.jitted(layer, **kw)
   return fn(variables, jnp.asarray(x), jnp.asarray(mask))
 
 
@@ -63,12 +64,12 @@ def _dense(p, name, x):
   return out
 
 
-def _out(p, out):
+def _out(p, out, mask):
   y = np.tensordot(out, np.asarray(p['out']['kernel'], np.float64),
                    axes=([-2, -1], [0, 1]))
   if 'bias' in p['out']:
     y = y + np.asarray(p['out']['bias'], np.float64)
-  return y
+  return y * mask[..., None]  # padded query rows are zero
 
 
 def dense_reformer(layer, variables, x, mask):
@@ -125,7 +126,7 @@ def dense_reformer(layer, variables, x, mask):
         lses = np.array(lses)
         w = np.exp(lses - lses.max())
         out[b, i, h] = (w / w.sum()) @ np.array(outs)
-  return _out(p, out[:, :n])
+  return _out(p, out[:, :n], mask)
 
 
 def _shared_qk_softmax(variables, x, mask, normalize_keys=False):
@@ -142,7 +143,7 @@ def _shared_qk_softmax(variables, x, mask, normalize_keys=False):
   total = e.sum(-1, keepdims=True)
   w = e / np.where(total > 0, total, 1)
   out = np.einsum('bhij,bjhd->bihd', w, v) * mask[:, :, None, None]
-  return _out(p, out)
+  return _out(p, out, mask)
 
 
 CASES = [
@@ -198,9 +199,9 @@ def test_gradients_match_finite_differences_of_dense_reference(index):
 
 
 @pytest.mark.parametrize('kw', [
-    dict(num_buckets=1), dict(num_buckets=1, num_hashes=2),
-    dict(num_buckets=1, normalize_keys=True),
-    dict(num_buckets=2), dict(num_buckets=2, hash_seed=7)])
+    dict(num_buckets=1), dict(num_buckets=1, num_hashes=2,
+                              normalize_keys=True),
+    dict(num_buckets=2, hash_seed=7)])
 def test_one_chunk_pair_is_softmax_over_shared_qk(kw):
   """One bucket (one chunk per round), or two buckets (two chunks, each
   seeing the other): every query sees every key, so LSH attention is full
@@ -267,3 +268,11 @@ def test_causal_is_refused():
 def test_invalid_knobs_raise(kw, match):
   with pytest.raises(ValueError, match=match):
     ReformerAttention(num_heads=HEADS, **kw)
+
+
+def test_data_parallel_mesh():
+  """Forward and gradients on the data-parallel mesh equal one device's
+  (hashing, sorting and chunking)."""
+  x, mask = _inputs(13)
+  layer = ReformerAttention(num_heads=HEADS, num_buckets=4)
+  ref.check_mesh(layer, _init(layer, x, mask), x, mask)

@@ -18,6 +18,7 @@ import pytest
 from lra_msmra import attention
 from lra_msmra.attention import sinkhorn
 from lra_msmra.attention.sinkhorn import SinkhornAttention
+from tests.attention import sparse_reference as ref
 
 FEATURES, HEADS = 8, 2
 HEAD_DIM = FEATURES // HEADS
@@ -33,20 +34,19 @@ def _mask(length):
 
 
 def _inputs(length, seed=0):
-  x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
-                                   (3, length, FEATURES)))
+  x = np.random.RandomState(seed).standard_normal(
+      (3, length, FEATURES)).astype(np.float32)
   return x, _mask(length)
 
 
 def _init(layer, x, mask, seed=0):
-  variables = jax.jit(layer.init)(jax.random.PRNGKey(seed), jnp.asarray(x),
-                                  padding_mask=jnp.asarray(mask))
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed + 100), 16))
+  variables = {'params': ref.params(layer, x, mask, seed)}
+  rng = np.random.RandomState(seed + 100)
 
   def perturb(path, p):  # non-zero biases, a sharper SortNet
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
     if name.endswith('bias'):
-      return 0.3 * jax.random.normal(next(keys), p.shape)
+      return 0.3 * rng.standard_normal(p.shape).astype(np.float32)
     if name.startswith('sort'):
       return 3.0 * p
     return p
@@ -55,7 +55,7 @@ def _init(layer, x, mask, seed=0):
 
 
 def _apply(layer, variables, x, mask, **kw):
-  fn = jax.jit(lambda v, a, m: layer.apply(v, a, padding_mask=m, **kw))
+  fn = ref.jitted(layer, **kw)
   return fn(variables, jnp.asarray(x), jnp.asarray(mask))
 
 
@@ -67,12 +67,12 @@ def _dense(p, name, x):
   return out
 
 
-def _out(p, out):
+def _out(p, out, mask):
   y = np.tensordot(out, np.asarray(p['out']['kernel'], np.float64),
                    axes=([-2, -1], [0, 1]))
   if 'bias' in p['out']:
     y = y + np.asarray(p['out']['bias'], np.float64)
-  return y
+  return y * mask[..., None]  # padded query rows are zero
 
 
 def _softmax(logits, valid):
@@ -144,7 +144,7 @@ def dense_sinkhorn(layer, variables, x, mask):
           w_local = _softmax(kb[bi, i, :, h] @ qt, local_ok)
           w_sorted = _softmax(sk @ qt, mass > 0)
           out[bi, t, h] = w_local @ vb[bi, i, :, h] + w_sorted @ sv
-  return _out(p, out[:, :n])
+  return _out(p, out[:, :n], mask)
 
 
 CASES = [
@@ -311,3 +311,11 @@ def test_more_blocks_than_the_sortnet_raises():
 def test_invalid_knobs_raise(kw, error, match):
   with pytest.raises(error, match=match):
     SinkhornAttention(num_heads=HEADS, **kw)
+
+
+def test_data_parallel_mesh():
+  """Forward and gradients on the data-parallel mesh equal one device's
+  (the SortNet and the sorted blocks)."""
+  x, mask = _inputs(13)
+  layer = SinkhornAttention(num_heads=HEADS, block_size=4)
+  ref.check_mesh(layer, _init(layer, x, mask), x, mask)

@@ -15,6 +15,7 @@ import pytest
 
 from lra_msmra import attention
 from lra_msmra.attention.synthesizer import SynthesizerAttention
+from tests.attention import sparse_reference as ref
 
 FEATURES, HEADS = 8, 2
 HEAD_DIM = FEATURES // HEADS
@@ -30,29 +31,28 @@ def _mask(length):
 
 
 def _inputs(length, seed=0):
-  x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed),
-                                   (3, length, FEATURES)))
+  x = np.random.RandomState(seed).standard_normal(
+      (3, length, FEATURES)).astype(np.float32)
   return x, _mask(length)
 
 
 def _init(layer, x, mask, seed=0):
-  variables = jax.jit(layer.init)(jax.random.PRNGKey(seed), jnp.asarray(x),
-                                  padding_mask=jnp.asarray(mask))
-  keys = iter(jax.random.split(jax.random.PRNGKey(seed + 100), 16))
+  variables = {'params': ref.params(layer, x, mask, seed)}
+  rng = np.random.RandomState(seed + 100)
 
   def perturb(path, p):  # non-trivial biases and tables
     name = '/'.join(str(getattr(k, 'key', k)) for k in path)
     if name.endswith('bias'):
-      return 0.3 * jax.random.normal(next(keys), p.shape)
+      return 0.3 * rng.standard_normal(p.shape).astype(np.float32)
     if 'random' in name:
-      return p + 0.5 * jax.random.normal(next(keys), p.shape)
+      return p + 0.5 * rng.standard_normal(p.shape).astype(np.float32)
     return p
   return {'params': jax.tree_util.tree_map_with_path(perturb,
                                                      variables['params'])}
 
 
 def _apply(layer, variables, x, mask, **kw):
-  fn = jax.jit(lambda v, a, m: layer.apply(v, a, padding_mask=m, **kw))
+  fn = ref.jitted(layer, **kw)
   return fn(variables, jnp.asarray(x), jnp.asarray(mask))
 
 
@@ -104,7 +104,7 @@ def dense_synthesizer(variables, x, mask, *, synthesizer_mode='random',
                    axes=([-2, -1], [0, 1]))
   if 'bias' in p['out']:
     y = y + np.asarray(p['out']['bias'], np.float64)
-  return y
+  return y * mask[..., None]  # padded query rows are zero
 
 
 CASES = [
@@ -269,3 +269,11 @@ def test_any_padding_pattern_gives_finite_values_and_gradients(causal):
 def test_invalid_knobs_raise(kw, match):
   with pytest.raises(ValueError, match=match):
     SynthesizerAttention(num_heads=HEADS, **kw)
+
+
+def test_data_parallel_mesh():
+  """Forward and gradients on the data-parallel mesh equal one device's
+  (the random table)."""
+  x, mask = _inputs(13)
+  layer = SynthesizerAttention(num_heads=HEADS)
+  ref.check_mesh(layer, _init(layer, x, mask), x, mask)
