@@ -50,9 +50,10 @@ def sinkhorn_balance(logits: Array, valid: Array, iterations: int) -> Array:
     lse = top + jnp.log(jnp.where(total > 0, total, 1.0))
     return jnp.where(valid, a - lse, -jnp.inf)
 
-  for _ in range(iterations):
-    log_r = normalise(log_r, -1)
-    log_r = normalise(log_r, -2)
+  # A loop, not unrolled: the compiled program does not grow with
+  # `iterations` (same values).
+  log_r = jax.lax.fori_loop(
+      0, iterations, lambda _, a: normalise(normalise(a, -1), -2), log_r)
   return jnp.where(valid, jnp.exp(log_r), 0.0)
 
 
