@@ -51,7 +51,6 @@ import numpy as np
 import optax
 
 from lra_msmra import checkpoint as checkpoint_lib
-from lra_msmra import config_lib
 from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
 from lra_msmra import errors
@@ -61,6 +60,7 @@ from lra_msmra import models
 from lra_msmra import optim
 from lra_msmra import provenance as provenance_lib
 from lra_msmra import sharding
+from lra_msmra import validation
 from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
 
@@ -476,7 +476,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   start_time = time.time()
   with errors.input_errors():
-    config_lib.validate(config)
+    validation.validate(config)
     # Fails here, before anything runs, if the config names no data source.
     data_lib.data_source(config)
   cpu_rng.use_unrolled_threefry()  # Same dropout masks, drawn faster on CPU.

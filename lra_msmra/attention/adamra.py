@@ -376,9 +376,7 @@ class AdaMRAAttention(base.Attention):
   feature_map: str = 'relu'
   epsilon: float = 1e-6
 
-  def __post_init__(self):
-    super().__post_init__()
-    # Checked at construction so that config validation reports bad knobs.
+  def check_knobs(self) -> None:
     segment_lengths(self.compression_rates)
     for field, value, valid in (
         ('router_gate', self.router_gate, ROUTER_GATES),

@@ -62,6 +62,20 @@ class Attention(nn.Module):
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   bias_init: Callable[..., Array] = nn.initializers.zeros
 
+  def __post_init__(self):
+    self.check_knobs()
+    super().__post_init__()
+
+  def check_knobs(self) -> None:
+    """Checks the mechanism's own fields (its knobs) when it is constructed.
+
+    Every mechanism overrides this one hook, so a bad knob fails when the
+    module is built (config validation builds it before anything runs), not
+    at its first call. It raises ValueError for a bad value and
+    NotImplementedError for a combination the mechanism has no form for
+    (e.g. `causal=True` without a causal form). Checks that need the input
+    length stay in the call; validation traces one layer to reach them.
+    """
   @classmethod
   def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
                     max_len: int, name: str,

@@ -599,11 +599,7 @@ class CombinerAttention(base.Attention):
   mixture_mode: Optional[str] = None
   abstraction: Optional[str] = None
 
-  def __post_init__(self):
-    self._check_knobs()
-    super().__post_init__()
-
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     """Raises on unknown values and on knobs the chosen variant ignores."""
     if self.variant == 'learnable':
       raise NotImplementedError(

@@ -262,7 +262,7 @@ class CompositeSliceAttention(base.Attention):
   position_embedding: str = 'ms_vipe'
   position_init_std: float = 0.02
 
-  def __post_init__(self):
+  def check_knobs(self) -> None:
     check_slicing(self.slice_length, self.alpha)
     for knob, value, valid in (
         ('composition', self.composition, COMPOSITIONS),
@@ -270,7 +270,6 @@ class CompositeSliceAttention(base.Attention):
         ('position_embedding', self.position_embedding, POSITION_EMBEDDINGS)):
       if value not in valid:
         raise ValueError(f'{knob}={value!r}; valid: {valid}.')
-    super().__post_init__()
 
   @classmethod
   def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,

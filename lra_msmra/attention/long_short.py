@@ -435,7 +435,7 @@ class LongShortAttention(base.Attention):
   conv_kernel_size: int = 0
   normalize_before_compress: Optional[bool] = None
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     w, r = self.window_size, self.num_landmarks
     if w < 0 or r < 0:
       raise ValueError(f'window_size={w} and num_landmarks={r} must be >= 0.')
@@ -483,7 +483,6 @@ class LongShortAttention(base.Attention):
     Returns:
       `[batch, length, out_features]`, zero at padded positions.
     """
-    self._check_knobs()
     padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     w, r = self.window_size, self.num_landmarks

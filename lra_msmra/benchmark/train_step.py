@@ -38,6 +38,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from lra_msmra import config_lib
+from lra_msmra import validation
 from lra_msmra.benchmark import common
 
 MODULE = 'lra_msmra.benchmark.train_step'
@@ -107,7 +108,7 @@ def load_config(payload: Mapping[str, Any]):
     if isinstance(value, tuple):
       value = list(value)
     config.model.attention_kw[key] = value
-  config_lib.validate(config)
+  validation.validate(config)
   return config
 
 
