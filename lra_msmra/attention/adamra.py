@@ -83,6 +83,14 @@ Choices where the paper is silent, or where we depart from it
   zero V as well as K, otherwise padded tokens would leak into real outputs).
   In both modes a segment without a real token is excluded: its phi(k~) and
   v~ are zero, so it adds nothing to the numerator or the denominator.
+  In `'unmasked'` mode a Nystromformer-style mean would instead keep it as a
+  landmark whose mean key and value are zero. Under ReLU without biases that
+  is the same (phi(0) = 0), but under ELU + 1 phi(0) = 1 adds to every
+  query's denominator (as a subhead bias would under either), so outputs
+  would change with the number of all-padding segments, internal padding
+  included, even without user padding (rates (1, 1/4) pad 13 tokens to 16:
+  three empty landmarks for the k = 1 head). We leave such segments out so
+  that the output does not depend on internal padding.
 * Order. Segment means are taken of the first-stage K, V and the subhead maps
   are applied to the landmarks: means commute with affine maps (bias
   included, masked mode), and m_h < N makes this the cheaper order.
@@ -93,7 +101,8 @@ Choices where the paper is silent, or where we depart from it
 * Lengths. N is right-padded internally to a multiple of lcm(k_h) (the paper:
   "we can pad inputs"), the added positions are masked, and the output is
   cropped back.
-* Padded queries. Their outputs are zeroed (after W^O, bias included).
+* Padded queries. Their outputs are zeroed (after W^O, bias included), as
+  for every mechanism (`base.Attention`).
 * Dropout. No attention matrix exists, so `dropout_rate` drops landmarks: the
   kernel weight of landmark j (per example, subhead and head, shared by all
   queries) is zeroed with probability `dropout_rate` and the survivors are
@@ -493,19 +502,19 @@ class AdaMRAAttention(base.Attention):
     return jnp.where(mask[..., None], phi_k / keep, 0.0)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-    """Applies AdaMRA.
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
+    """Applies AdaMRA (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token; None = all real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables landmark dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]` (zeroed at padded positions by the
+      caller).
     """
-    padding_mask = base.default_padding_mask(x, padding_mask)
     qkv, head_dim, out_features = self.head_dims(x)
     lengths = segment_lengths(self.compression_rates)
     x, mask, length = base.pad_to_multiple(x, padding_mask,
@@ -581,5 +590,4 @@ class AdaMRAAttention(base.Attention):
           y, choice, gate, head_query, kernel_attention, phi_q)
     y = y.astype(self.dtype)
     y = self.output_projection(out_features)(y)
-    y = jnp.where(mask[..., None], y, 0).astype(self.dtype)
     return y[:, :length]

@@ -71,7 +71,9 @@ Padding and lengths (absent from the official code; ATTENTIONS §4.4):
   (max, mean, DeepSets) runs over real members only; a span without a real
   member is masked; all softmaxes are `base.safe_softmax`, so fully padded
   spans and rows give zeros, never NaN;
-* padded queries are excluded from query pooling and their outputs zeroed;
+* padded queries are excluded from query pooling and their outputs zeroed:
+  the head outputs (so the probes' rows are zero) and, after W_o, the
+  layer's output, bias included (the padded-row rule of `base.Attention`);
 * N is padded internally to a multiple of the block size (fixed), of the
   block pairs of each level (logsparse), or to the n x m grid (axial,
   mixture), and cropped back. `num_prefix_tokens` (axial, mixture) shifts the
@@ -653,9 +655,9 @@ class CombinerAttention(base.Attention):
       return None
     return self.axial_plan or 'rowmajor'
 
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-    """Applies Combiner attention.
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
+    """Applies Combiner attention (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
@@ -663,8 +665,9 @@ class CombinerAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`; zero at padded positions before the
-      output projection.
+      `[batch, length, out_features]`; the head outputs of padded queries
+      are zero, so W_o's bias alone would remain there, and the caller
+      zeroes those rows (the padded-row rule of `base.Attention`).
     """
     return self._forward(x, padding_mask, deterministic, None)
 

@@ -37,8 +37,9 @@ the left only (Eq. 12), the local mask is causal with the diagonal, and the
 global attention uses a strictly causal mask with the shifted query of slice
 t - 1. We compute it as inclusive-causal attention over slice embeddings
 shifted right by one slice (the two are equal); slice 0 has no visible slice
-and gets a global output of exactly zero. Output i then depends on inputs
-j <= i only, for any number of layers.
+and gets a global output of exactly zero, as does a slice whose earlier
+slices are all padding. Output i then depends on inputs j <= i only, for any
+number of layers.
 
 Ablations of Tables 7 and 8 (knobs below): `composition` 'parallel' (global
 attention over mean-pooled *input* slices, added to the local output, as in
@@ -67,13 +68,17 @@ Choices we made where the paper is silent (ATTENTIONS §1.9 numbers these):
   the position table would make them non-zero keys that take softmax mass.
 * Padding: padded keys are masked in the local attention, the mean divides by
   the number of real tokens, a slice without real tokens gets a zero
-  embedding and is masked as a global key, and padded query outputs are
-  zeroed. Rows without any visible key get zero attention weights
-  (`base.safe_softmax`), so nothing is NaN in outputs or gradients.
+  embedding under every aggregation and is masked as a global key, and
+  padded query outputs are zeroed (`base.Attention`). Rows without any
+  visible key get zero attention weights (`base.safe_softmax`), so nothing
+  is NaN in outputs or gradients.
 * N not divisible by L: padded internally to the next multiple of L (as
   padding) and cropped back. The slice-level table needs
   ceil(max_len / L) rows, which the encoder's `max_len` provides.
-* Causal global output of slice 0: zero (no visible slice, no bias).
+* A global query that sees no real slice outputs zero (no visible slice, no
+  bias): in causal mode slice 0, and any slice whose earlier slices are all
+  padding (left padding, or padding up to it), get a global output of
+  exactly zero.
 * Table initialisation: N(0, 0.02) (`position_init_std`), as learned
   position tables of the PyTorch LRA ports.
 * Attention dropout (not specified): the layer's `dropout_rate` is applied to
@@ -86,8 +91,10 @@ Choices we made where the paper is silent (ATTENTIONS §1.9 numbers these):
   order would not mirror Eq. 10.
 * 'linear' aggregation: a learned linear map of the L masked tokens of a
   slice to D (a convolution with kernel = stride = L over the zeroed padded
-  tokens, as the paper describes), Xavier-initialised; 'max' takes the
-  maximum over real tokens (zero for an empty slice).
+  tokens, as the paper describes), Xavier-initialised, and zero for an
+  empty slice (not the map's bias: in causal mode an empty slice's embedding
+  is the next slice's query); 'max' takes the maximum over real tokens (zero
+  for an empty slice).
 * A CLS token (the LRA-protocol configs pool on it) is simply position 0 of
   slice 0. The paper (A.8) finds CLS awkward for CST and pools by the mean,
   which the `:cst` protocol option does.
@@ -297,10 +304,9 @@ class CompositeSliceAttention(base.Attention):
         init_std=knob('position_init_std'), name=name)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True,
-               shared: Optional[Mapping[str, Array]] = None) -> Array:
-    """Applies CSA.
+  def attend(self, x: Array, *, padding_mask: Array, deterministic: bool,
+             shared: Optional[Mapping[str, Array]] = None) -> Array:
+    """Applies CSA (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
@@ -312,9 +318,9 @@ class CompositeSliceAttention(base.Attention):
         encoder passes it. Required iff position_embedding='ms_vipe'.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]` (zeroed at padded positions by the
+      caller).
     """
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     batch, length, features = x.shape
     size = self.slice_length
@@ -367,8 +373,6 @@ class CompositeSliceAttention(base.Attention):
           out_features, use_bias=self.use_bias, kernel_init=self.kernel_init,
           bias_init=self.bias_init, dtype=self.dtype,
           param_dtype=jnp.float32, name='resize')(y)
-    # Padded queries are inert (ATTENTIONS §0.3).
-    y = jnp.where(mask[..., None], y, jnp.zeros((), y.dtype))
     return y[:, :length]
 
   # -- pieces -----------------------------------------------------------------
@@ -474,11 +478,15 @@ class CompositeSliceAttention(base.Attention):
     if self.aggregation == 'max':
       return masked_slice_max(ys, ms)
     zeroed = jnp.where(ms[..., None], ys, jnp.zeros((), ys.dtype))
-    return nn.DenseGeneral(
+    embeddings = nn.DenseGeneral(
         features, axis=(-2, -1), use_bias=self.use_bias,
         kernel_init=self.kernel_init, bias_init=self.bias_init,
         dtype=self.dtype, param_dtype=jnp.float32,
         name='slice_projection')(zeroed)
+    # An empty slice's embedding is zero, as under 'mean' and 'max' (not the
+    # bias): in causal mode it is the query of the next slice.
+    return jnp.where(jnp.any(ms, axis=-1)[..., None], embeddings,
+                     jnp.zeros((), embeddings.dtype))
 
   def _global_attention(self, proj: Mapping[str, nn.Module], s: Array,
                         slice_valid: Array, pos: Optional[Array],
@@ -495,7 +503,8 @@ class CompositeSliceAttention(base.Attention):
 
     Returns:
       `[batch, slices, features]`; in causal mode row t depends on slices
-      < t only and row 0 is zero.
+      < t only. A row that sees no valid slice (causal: row 0, and row t
+      when slices < t are all invalid) is zero.
     """
     head_dim = proj['query'].features[-1]
     qk_inputs = s if pos is None else s + pos[None]
@@ -516,6 +525,14 @@ class CompositeSliceAttention(base.Attention):
       probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
       y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
     y = proj['out'](y)
+    # A query that sees no real slice outputs zero, W_o's bias included:
+    # in causal mode any slice whose earlier slices are all padding, like
+    # slice 0 (inclusive row t sees a real slice iff one of 0..t is real).
+    if self.causal:
+      sees = jnp.cumsum(slice_valid.astype(jnp.int32), axis=1) > 0
+    else:
+      sees = jnp.any(slice_valid, axis=1, keepdims=True)
+    y = jnp.where(sees[..., None], y, jnp.zeros((), y.dtype))
     if self.causal:
       # Inclusive-causal output of slice t - 1 = the shifted query of slice t
       # over keys < t with a strictly causal mask.

@@ -45,6 +45,18 @@ Autoregressive form (`causal=True`, paper §3.3 Eq. 5)
   [t - w + 1, t], itself included.
 * As in the autoregressive code, chunks compress the raw W_k X and W_v X, and
   LN_G is applied afterwards (`normalize_before_compress=None`).
+* Order of mixing and projecting, per head h: K̄_c = P_{h,c}ᵀ (X_c W_k^h),
+  likewise V̄_c. Paper Eq. 5 writes (P_{h,c}ᵀ X_c) W_k^h, the same thing
+  (P_h mixes the full-width inputs, so the order does not matter). The
+  official code computes the current block this way, but compresses its
+  cached previous segment differently: it cuts the hidden vectors into H
+  slices of width d, mixes slice h with head h's P, and applies W_k, W_v to
+  the concatenation, so head h' reads slice h mixed with P_h instead of its
+  own P_h'. The two agree with one head, or when W_k and W_v are
+  block-diagonal over heads (head h's output reads only input slice h). We
+  keep the paper's form for every chunk: it is the one the paper defines,
+  and without a cache every chunk here is a current-block chunk, where the
+  code uses it too.
 
 Where the paper and the official code differ, we follow the code:
 
@@ -65,7 +77,8 @@ Where we depart from both, or where they are silent:
 * W^P has no bias. The official `dconv_fc` has one, but P is normalised over
   the sequence (or chunk) axis, along which the bias is constant, so it
   cancels and never receives a gradient.
-* Padded query positions output exactly zero (project convention). The
+* Padded query positions output exactly zero (project convention,
+  `base.Attention`). The
   official code zeroes their attention weights, so it returns W_o's bias
   there, plus the convolution term.
 * A sequence with no real token gives zero outputs instead of NaN: every
@@ -470,21 +483,20 @@ class LongShortAttention(base.Attention):
     return _DualLayerNorm(dtype=self.dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-    """Applies the attention.
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
+    """Applies the attention (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: `[batch, length]` bool, True = real token.
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]` (zeroed at padded positions by the
+      caller).
     """
     self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     w, r = self.window_size, self.num_landmarks
     chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
@@ -551,7 +563,6 @@ class LongShortAttention(base.Attention):
     if self.conv_kernel_size:
       out = out + self._value_conv(v_local, padding_mask)
     y = self.output_projection(out_features)(out.astype(self.dtype))
-    y = y * padding_mask[..., None].astype(y.dtype)
     return y[:, :length]
 
   # -- bidirectional --------------------------------------------------------

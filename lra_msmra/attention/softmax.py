@@ -13,11 +13,17 @@ old `flax.nn.attention`), PROTOCOL §3.1:
 * softmax in float32, then element-wise dropout on the probabilities.
 
 With `causal=True` keys after the query are masked as well.
+
+Padded query rows: this is the one mechanism that does not zero them
+(`zero_padded_queries = False`; every other mechanism returns exactly zero
+there, see `base.Attention`). They hold what the LRA reference computes, the
+uniform average of all values through W_o (and its bias), because they are
+part of the baseline's function: LRA's MEAN pooling averages over padded
+positions too (PROTOCOL P9), and in the pixel tasks every black pixel is a
+padded position (P8), so zeroing them would change the pooled vector.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -29,10 +35,12 @@ from lra_msmra.attention import base
 class SoftmaxAttention(base.Attention):
   """Full softmax attention, O(N^2) time and memory (see module docstring)."""
 
+  # LRA's values at padded queries (see the module docstring).
+  zero_padded_queries = False
+
   @nn.compact
-  def __call__(self, x: jax.Array, *, padding_mask: Optional[jax.Array] = None,
-               deterministic: bool = True) -> jax.Array:
-    padding_mask = base.default_padding_mask(x, padding_mask)
+  def attend(self, x: jax.Array, *, padding_mask: jax.Array,
+             deterministic: bool) -> jax.Array:
     _, head_dim, out_features = self.head_dims(x)
     x = x.astype(self.dtype)
     q = self.projection(head_dim, 'query')(x)
