@@ -3,7 +3,7 @@
 This is the baseline every efficient mechanism is compared with, and the
 reference the tests compare them against. It follows the attention of the LRA
 Transformer (google-research/long-range-arena, `models/transformer`, via the
-old `flax.nn.attention`), PROTOCOL §3.1:
+old `flax.nn.attention`), docs/protocol.md §3.1:
 
 * Q, K, V and output projections, Xavier-uniform kernels, no biases by default;
 * queries divided by sqrt(head_dim);
@@ -19,7 +19,7 @@ Padded query rows: this is the one mechanism that does not zero them
 there, see `base.Attention`). They hold what the LRA reference computes, the
 uniform average of all values through W_o (and its bias), because they are
 part of the baseline's function: LRA's MEAN pooling averages over padded
-positions too (PROTOCOL P9), and in the pixel tasks every black pixel is a
+positions too (P9), and in the pixel tasks every black pixel is a
 padded position (P8), so zeroing them would change the pooled vector.
 """
 

@@ -1,5 +1,4 @@
-"""Composite Slice Attention: the invariants of ATTENTIONS §1.10 and a dense
-reference.
+"""CSA: the invariants of docs/mechanisms/cst.md §8 and a dense reference.
 
 `_reference` below recomputes CSA token by token in float64 from the visibility
 rules of the paper (extended windows, masked means, a literal shifted query
@@ -356,7 +355,7 @@ def test_causal_global_output_is_zero_without_a_real_slice_before(
   assert np.all(np.abs(y_global[1, 1:]).sum(-1) > 0)
 
 
-# --------------------------------------------------- limiting cases (§1.10)
+# -------------------------- limiting cases (docs/mechanisms/cst.md §8)
 
 
 @pytest.mark.parametrize('causal', [False, True])
