@@ -11,12 +11,15 @@ the same leading fields and are called the same way::
 `x` is `[batch, length, features]`, `padding_mask` is `[batch, length]` bool
 with True = real token, and `y` is `[batch, length, out_features]`.
 
-A mechanism implements `attend` (same arguments, the mask already checked and
-never None); `Attention.__call__` calls it and then applies the padded-row
-rule: the output at a padded query position is exactly zero, biases
-included, so padded positions are inert whatever the mechanism computes for
-them. The one exception is the softmax baseline (`zero_padded_queries =
-False`), which keeps the LRA reference's values there (see its docstring).
+A mechanism implements `attend` (same arguments; the mask has been checked
+and is never None). `Attention.__call__` calls it and then applies the
+padded-row rule, the same for every mechanism: the output at a padded query
+position is exactly zero, output biases included. Real outputs never read
+padded positions (their keys are masked), so the rule only fixes what the
+layer returns there. The one exception is the softmax baseline
+(`zero_padded_queries = False`): it keeps the LRA reference's values at
+padded rows, because LRA's unmasked MEAN pooling and its CLS query on a
+black pixel read them (docs/mechanisms/softmax.md §3.2, pitfalls P8, P9).
 
 A mechanism that needs parameters owned by the whole model (shared by every
 layer, e.g. CST's multi-scale position tables) overrides `shared_module`. The

@@ -7,20 +7,19 @@ old `flax.nn.attention`), docs/protocol.md §3.1:
 
 * Q, K, V and output projections, Xavier-uniform kernels, no biases by default;
 * queries divided by sqrt(head_dim);
-* the mask is the outer product of the query and key padding masks, applied as
-  an additive bias of -1e10 (so a padded query row attends uniformly to all
-  keys, as in LRA: only real-token outputs are meaningful);
+* the mask is the outer product of the query and key padding masks (and,
+  with `causal=True`, of the causal mask), applied as an additive bias of
+  -1e10;
 * softmax in float32, then element-wise dropout on the probabilities.
 
-With `causal=True` keys after the query are masked as well.
-
-Padded query rows: this is the one mechanism that does not zero them
-(`zero_padded_queries = False`; every other mechanism returns exactly zero
-there, see `base.Attention`). They hold what the LRA reference computes, the
-uniform average of all values through W_o (and its bias), because they are
-part of the baseline's function: LRA's MEAN pooling averages over padded
-positions too (P9), and in the pixel tasks every black pixel is a
-padded position (P8), so zeroing them would change the pooled vector.
+Padded query rows: the one exception to the padded-row rule of
+`base.Attention` (`zero_padded_queries = False`). A padded row has every
+logit at -1e10, so it attends uniformly to all positions (in causal form,
+later ones included) and holds the mean of all values through W_o, as in
+LRA. We keep it because the LRA protocol reads those rows: MEAN pooling
+averages over padded positions (P9), and a black first pixel masks the CLS
+query that Image pools on (P8). Real outputs never read them.
+docs/mechanisms/softmax.md §2 and §3.2 give the details.
 """
 
 from __future__ import annotations
