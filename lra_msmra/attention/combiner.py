@@ -3,11 +3,11 @@ r"""Combiner: full attention at sparse cost (registry entry `combiner`).
 Paper: H. Ren et al., "Combiner: Full Attention Transformer with Sparse
 Computation Cost", NeurIPS 2021, arXiv:2107.05768. Official code:
 google-research/google-research `combiner/` (Flax and TF1, causal only, no
-padding). docs/mechanisms/combiner.md §2, §3, §4, §5, §6, §7 and §8 give, in that
-order, the framework and the exact supports of every variant, the choices
-made where paper and code are silent, the departures from the code,
-padding and lengths, the causal form, the memory layout and the invariants
-the tests check.
+padding). docs/mechanisms/combiner.md §2, §3, §4, §5, §6, §7 and §8
+give, in that order, the framework and the exact supports of every variant,
+the choices made where paper and code are silent, the departures from the
+code, padding and lengths, the causal form, the memory layout and the
+invariants the tests check.
 
 Every query's support is split into a direct part, attended token by token,
 and disjoint spans, each attended through one summary (paper Eq. 7): one
@@ -481,7 +481,7 @@ def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
 
 
 class CombinerAttention(base.Attention):
-  """Combiner attention (see the module docstring for the variants).
+  """Combiner attention (variants: docs/mechanisms/combiner.md §2).
 
   Attributes:
     variant: 'fixed', 'logsparse', 'axial' or 'mixture' ('learnable' raises

@@ -173,7 +173,7 @@ class MultiScalePositions(nn.Module):
 
 
 class CompositeSliceAttention(base.Attention):
-  """Composite Slice Attention; see the module docstring for every choice.
+  """Composite Slice Attention (docs/mechanisms/cst.md §3: every choice).
 
   Attributes:
     slice_length: L, tokens per slice.

@@ -132,7 +132,8 @@ def _attend(p, q_in, k_in, v_in, use_bias):
   """One query over K keys with the projections in `p`.
 
   K may be 0: a query that sees no key outputs zero, W_o's bias included
-  (the module docstring: "no visible slice, no bias").
+  (docs/mechanisms/cst.md §6: a query with no visible real slice outputs
+  zero).
   """
   if not len(k_in):
     return np.zeros(p['out']['kernel'].shape[-1])
@@ -157,7 +158,7 @@ def _spread(g, size):
 
 
 def _reference(params, x, mask, kw, causal, use_bias):
-  """CSA computed token by token in float64 (module docstring semantics)."""
+  """CSA token by token in float64 (docs/mechanisms/cst.md §2 and §6)."""
   size = kw.get('slice_length', 8)
   alpha = kw.get('alpha', 1)
   composition = kw.get('composition', 'local_first')
