@@ -3,11 +3,14 @@
 Runs over every entry of `lra_msmra.attention.REGISTRY` (with the knobs listed
 in `harness.CONTRACT_CASES`), in bidirectional and causal form.
 
-Padded-row rule: the output at a padded query position is exactly zero,
-biases included, for every mechanism (`base.Attention.zero_padded_queries`).
-The softmax baseline is the one documented exception: it keeps the LRA
-reference's values there (a padded query attends uniformly to every
-position), because LRA's unmasked MEAN pooling reads them.
+The padded-row rule (docs/mechanisms/softmax.md §3.2), one for every
+mechanism: the output at a padded query position is exactly zero, biases
+included (`base.Attention.zero_padded_queries`). The softmax baseline is the
+one exception: it keeps the LRA reference's values there (a padded query
+attends uniformly to every position), because the LRA protocol reads them
+(unmasked MEAN pooling, P9; a CLS query masked by a black pixel, P8).
+`test_padded_rows_with_biases` checks the rule for every registered
+mechanism and case, bidirectional and causal.
 """
 
 import jax
@@ -215,7 +218,12 @@ def test_only_the_softmax_baseline_keeps_lra_padded_rows():
 @pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
 @pytest.mark.parametrize('causal', [False, True])
 def test_padded_rows_with_biases(name, cid, kw, causal):
-  """The padded-row rule (module docstring), with every bias non-zero."""
+  """The padded-row rule (module docstring), with every bias non-zero.
+
+  Left padding covering whole blocks, an inner run, a trailing position and
+  an example with no real token: what a mechanism leaves at padded rows (a
+  bias, a convolution term, a span summary) must not show.
+  """
   length = 13  # internal padding too, for every mechanism that pads.
   h = _build(name, kw, causal=causal, use_bias=True)
   if h is None:
@@ -231,7 +239,6 @@ def test_padded_rows_with_biases(name, cid, kw, causal):
   if attention.REGISTRY[name].zero_padded_queries:
     worst = float(np.abs(y[padded]).max())
     assert worst == 0.0, f'padded query rows are not zero (max |y| {worst:.3g})'
-
   else:
     expected = np.broadcast_to(
         np.asarray(_lra_padded_rows(variables['params'], x))[:, None],
