@@ -175,6 +175,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
   for spec in args.specs:
     path = config_path(args.config_dir, args.task, spec.name)
     history: list[tuple[int, float]] = []
+    point_budget = budget  # The device's once a point measured it.
     blocked = None
     for length in args.length_list:
       rec = {'mechanism': spec.label, 'name': spec.name, 'kw': dict(spec.kw),
@@ -183,9 +184,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
       predicted = common.predict_bytes(history, length)
       if blocked:
         rec.update(status='skipped', reason=blocked)
-      elif common.over_budget(predicted, budget):
+      elif common.over_budget(predicted, point_budget):
         rec.update(status='skipped', predicted_peak_bytes=predicted,
-                   reason=common.over_budget(predicted, budget))
+                   reason=common.over_budget(predicted, point_budget))
       else:
         payload = {'config_path': path, 'options': args.options,
                    'kw': dict(spec.kw), 'length': length,
@@ -196,7 +197,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                                      memory_budget_bytes=budget,
                                      timeout_s=args.timeout_s))
       if rec['status'] == 'ok':
-        history.append((length, rec['process_peak_bytes']))
+        history.append((length, common.measured_bytes(rec)))
+        point_budget = common.prediction_budget(rec, args.memory_budget_gb,
+                                                budget)
       elif not blocked:
         blocked = common.not_run_reason(length, rec)
       records.append(rec)
