@@ -81,6 +81,24 @@ def example_batch(spec: Mapping[str, Any], batch_size: int = 1
   return batch
 
 
+def abstract_batch(spec: Mapping[str, Any], batch_size: int,
+                   mesh: jax.sharding.Mesh, *, train: bool = True
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+  """Shapes, dtypes and shardings of a global training (or eval) batch."""
+  rows = sharding.batch_sharding(mesh)
+  tokens = jax.ShapeDtypeStruct((batch_size, spec['max_len']), jnp.int32,
+                                sharding=rows)
+  batch = {'inputs': tokens}
+  if spec['dual']:
+    batch['inputs2'] = tokens
+  batch['targets'] = jax.ShapeDtypeStruct((batch_size,), jnp.int32,
+                                          sharding=rows)
+  if not train:
+    batch['weights'] = jax.ShapeDtypeStruct((batch_size,), jnp.float32,
+                                            sharding=rows)
+  return batch
+
+
 def create_train_state(rng: jax.Array, model: nn.Module,
                        tx: optax.GradientTransformation,
                        batch: Mapping[str, Any]) -> TrainState:
@@ -116,6 +134,16 @@ def _sown_means(sown: Mapping[str, Any]) -> dict[str, jax.Array]:
   return out
 
 
+def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array, *,
+            model: nn.Module) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean training loss of a (micro-)batch, with dropout, and its metrics."""
+  logits, sown = model.apply({'params': params}, batch, deterministic=False,
+                             rngs={'dropout': rng}, mutable=['metrics'])
+  m = compute_metrics(logits, batch['targets'])
+  m.update(_sown_means(sown.get('metrics', {})))
+  return m['loss_sum'] / m['count'], m
+
+
 def train_step(state: TrainState, batch: Mapping[str, jax.Array], *,
                model: nn.Module, tx: optax.GradientTransformation,
                schedule: optim.Schedule, grad_accum_steps: int
@@ -126,15 +154,7 @@ def train_step(state: TrainState, batch: Mapping[str, jax.Array], *,
   have equal sizes, so it is the mean of their mean-loss gradients.
   """
   step_rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params, micro, rng):
-    logits, sown = model.apply({'params': params}, micro, deterministic=False,
-                               rngs={'dropout': rng}, mutable=['metrics'])
-    m = compute_metrics(logits, micro['targets'])
-    m.update(_sown_means(sown.get('metrics', {})))
-    return m['loss_sum'] / m['count'], m
-
-  grad_fn = jax.grad(loss_fn, has_aux=True)
+  grad_fn = jax.grad(functools.partial(loss_fn, model=model), has_aux=True)
   if grad_accum_steps == 1:
     grads, m = grad_fn(state.params, batch, step_rng)
   else:
@@ -197,6 +217,28 @@ def abstract_train_state(config: ml_collections.ConfigDict,
       functools.partial(create_train_state, model=model, tx=tx,
                         batch=example_batch(spec)),
       jax.random.PRNGKey(0))
+
+
+def jit_steps(config: ml_collections.ConfigDict, model: nn.Module,
+              tx: optax.GradientTransformation, schedule: optim.Schedule,
+              mesh: jax.sharding.Mesh, state_sharding: Any
+              ) -> tuple[Any, Any]:
+  """The trainer's jitted train step (state donated) and eval step.
+
+  Both take their batch split along its first axis over `mesh` and return
+  replicated metrics; the state keeps `state_sharding`.
+  """
+  batch_sharding = sharding.batch_sharding(mesh)
+  jit_train_step = jax.jit(
+      functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                        grad_accum_steps=config.grad_accum_steps),
+      in_shardings=(state_sharding, batch_sharding),
+      out_shardings=(state_sharding, sharding.replicated(mesh)),
+      donate_argnums=0)
+  jit_eval_step = jax.jit(functools.partial(eval_step, model=model),
+                          in_shardings=(state_sharding.params, batch_sharding),
+                          out_shardings=sharding.replicated(mesh))
+  return jit_train_step, jit_eval_step
 
 
 def evaluate(eval_fn: Callable[..., Any], params: Any, source: pipeline.Source,
@@ -359,16 +401,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       f'device(s), train {len(data.train)}, val {len(data.eval)}, test '
       f'{len(data.test)} examples.')
 
-  batch_sharding = sharding.batch_sharding(mesh)
-  jit_train_step = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                        grad_accum_steps=config.grad_accum_steps),
-      in_shardings=(state_sharding, batch_sharding),
-      out_shardings=(state_sharding, sharding.replicated(mesh)),
-      donate_argnums=0)
-  jit_eval_step = jax.jit(functools.partial(eval_step, model=model),
-                          in_shardings=(state_sharding.params, batch_sharding),
-                          out_shardings=sharding.replicated(mesh))
+  jit_train_step, jit_eval_step = jit_steps(config, model, tx, schedule,
+                                            mesh, state_sharding)
   run_eval = functools.partial(evaluate, jit_eval_step,
                                batch_size=config.eval_batch_size, mesh=mesh)
 
