@@ -1,0 +1,119 @@
+"""Every config's training and evaluation steps lower for TPU and GPU.
+
+The trainer's jitted `train_step` (forward, loss, backward, optimizer update)
+and `eval_step` of every config file of every task folder, at `runlocal`
+size, in float32 and bfloat16, over a data-parallel mesh of 8 (fake CPU)
+devices, are exported for TPU and GPU (`jax.export.export(...,
+platforms=('tpu', 'cuda'))`): lowering only, nothing is compiled or
+allocated. A failure names the config, the dtype, the step, the platform and
+the operation that has no lowering there. The same check at full size, with
+memory figures: `python -m lra_msmra.scaling` (docs/scaling.md).
+"""
+
+import concurrent.futures
+import multiprocessing
+import os
+
+import jax
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_msmra import cpu_rng
+from lra_msmra import scaling
+from lra_msmra import sharding
+
+CONFIGS = scaling.config_files()
+NAMES = [scaling.config_name(p) for p in CONFIGS]
+TEST_NAME = 'test_train_and_eval_steps_lower_for_tpu_and_gpu'
+
+
+@pytest.fixture(scope='module')
+def mesh():
+  # As the trainer: its CPU-only Threefry lowering is registered, and must
+  # leave the TPU and GPU lowerings alone.
+  cpu_rng.use_unrolled_threefry()
+  return sharding.create_mesh(jax.devices()[:8])
+
+
+@pytest.fixture(scope='module')
+def lowered(request):
+  """Config path -> future of its failure lines, for the selected configs.
+
+  Tracing and lowering are single-threaded Python work: two worker
+  processes (8 fake devices each, from the environment conftest.py sets)
+  use two cores.
+  """
+  paths = [item.callspec.params['path'] for item in request.session.items
+           if getattr(item, 'originalname', None) == TEST_NAME]
+  workers = max(1, min(2, os.cpu_count() or 1, len(paths)))
+  with concurrent.futures.ProcessPoolExecutor(
+      workers, mp_context=multiprocessing.get_context('spawn')) as pool:
+    yield {p: pool.submit(scaling.check_lowering, p) for p in paths}
+
+
+def test_every_task_and_mechanism_is_covered():
+  tasks = {os.path.basename(os.path.dirname(p)) for p in CONFIGS}
+  assert tasks == {'listops', 'text', 'retrieval', 'image', 'pathfinder',
+                   'pathx'}
+  from lra_msmra import attention  # pylint: disable=g-import-not-at-top
+  names = {scaling.load_config(p).model.attention for p in CONFIGS}
+  assert names == set(attention.REGISTRY)
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=NAMES)
+def test_train_and_eval_steps_lower_for_tpu_and_gpu(path, lowered):
+  failures = lowered[path].result()
+  assert not failures, '\n'.join(failures)
+
+
+# A primitive with a CPU lowering only: what the test must catch.
+_cpu_only_p = Primitive('cpu_only_op')
+_cpu_only_p.def_abstract_eval(lambda x: x)
+mlir.register_lowering(_cpu_only_p, lambda ctx, x: [x], platform='cpu')
+
+
+def test_a_cpu_only_operation_is_named_with_its_platforms(mesh):
+  rows = sharding.batch_sharding(mesh)
+  fn = jax.jit(lambda x: _cpu_only_p.bind(x) * 2, in_shardings=rows,
+               out_shardings=rows)
+  x = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=rows)
+  np.testing.assert_array_equal(fn(np.ones((8, 4), np.float32)), 2)
+  program = scaling.Program('train_step', fn, (x,))
+  for use_export in (False, True):
+    assert scaling.lowering_failures(program, ('cpu',),
+                                     use_export=use_export) == []
+    failures = scaling.lowering_failures(program, use_export=use_export)
+    assert [f.split(':')[0] for f in failures] == ['train_step on tpu',
+                                                   'train_step on cuda']
+    assert all('cpu_only_op' in f for f in failures), failures
+
+
+def test_report_at_full_size_without_allocating(mesh):
+  config = scaling.load_config(os.path.join(scaling.CONFIG_ROOT, 'listops',
+                                            'transformer.py'))
+  f = scaling.figures(config, mesh, 'listops/transformer.py')
+  assert f.failures == []
+  assert f.params == 8_948_746  # The LRA Transformer (tests/test_configs.py).
+  assert f.param_bytes == 4 * f.params
+  # Adam's two moments plus its step count (and the schedule's).
+  assert 2 * f.param_bytes <= f.opt_state_bytes < 2 * f.param_bytes + 64
+  assert (f.length, f.batch_size, f.devices) == (2000, 32, 8)
+  # One device's softmax scores: [32 / 8, 8 heads, N, N] with a CLS token.
+  scores = 4 * 8 * 2001 ** 2 * 4
+  assert f.largest_bytes == scores
+  assert f.largest == 'float32[4, 8, 2001, 2001] (dot_general)'
+  # Each of the 4 layers keeps at least its attention weights.
+  assert f.activation_bytes > 4 * scores
+  # Linear in the batch: 2 devices hold 4x what 8 do, the FLOPs are equal.
+  g = scaling.figures(config, sharding.create_mesh(jax.devices()[:2]),
+                      platforms=())
+  assert g.train_flops == f.train_flops
+  assert g.activation_bytes == pytest.approx(4 * f.activation_bytes,
+                                             rel=0.01)
+  table = scaling.markdown([f, ('x/y.py', 'ValueError: no')])
+  assert '| `listops/transformer.py` | 2000 | 32 | 8,948,746 |' in table
+  assert table.splitlines()[2].endswith('| yes |')
+  assert '- `x/y.py`: ValueError: no' in table
