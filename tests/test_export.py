@@ -3,11 +3,12 @@
 The trainer's jitted `train_step` (forward, loss, backward, optimizer update)
 and `eval_step` of every config file of every task folder, at `runlocal`
 size, in float32 and bfloat16, over a data-parallel mesh of 8 (fake CPU)
-devices, are exported for TPU and GPU (`jax.export.export(...,
-platforms=('tpu', 'cuda'))`): lowering only, nothing is compiled or
-allocated. A failure names the config, the dtype, the step, the platform and
-the operation that has no lowering there. The same check at full size, with
-memory figures: `python -m lra_msmra.scaling` (docs/scaling.md).
+devices, are lowered for TPU and GPU in one multi-platform lowering
+(`.trace(...).lower(lowering_platforms=('tpu', 'cuda'))`, what `jit` does
+on those platforms): nothing is compiled or allocated. A failure names the
+config, the dtype, the step, the platform and the operation that has no
+lowering there. The same check at full size through `jax.export.export`,
+with memory figures: `python -m lra_msmra.scaling` (docs/scaling.md).
 """
 
 import concurrent.futures
@@ -47,7 +48,8 @@ def lowered(request):
   use two cores.
   """
   paths = [item.callspec.params['path'] for item in request.session.items
-           if getattr(item, 'originalname', None) == TEST_NAME]
+           if getattr(item, 'originalname', None) == TEST_NAME
+           and item.module is request.module]
   workers = max(1, min(2, os.cpu_count() or 1, len(paths)))
   with concurrent.futures.ProcessPoolExecutor(
       workers, mp_context=multiprocessing.get_context('spawn')) as pool:
