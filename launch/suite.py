@@ -35,9 +35,9 @@ import subprocess
 import sys
 from typing import Sequence
 
+from lra_msmra import config_lib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
-PROTOCOLS = ('lra', 'xiong', 'cst')
 
 
 def _split(text: str) -> list[str]:
@@ -52,7 +52,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
   runs, missing = [], []
   for task in _split(args.tasks):
     for mech in _split(args.mechanisms):
-      stem = CONFIG_ALIASES.get(mech, mech)
+      stem = config_lib.CONFIG_ALIASES.get(mech, mech)
       config = os.path.join('configs', task, stem + '.py')
       if not os.path.exists(os.path.join(ROOT, config)):
         missing.append(config)
@@ -75,12 +75,27 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
   return runs
 
 
+def check_data(args: argparse.Namespace) -> None:
+  """Full configs need data: stop before the first run if none is given."""
+  asked = (args.data_dir or 'runlocal' in _split(args.options) or
+           any(o.replace(' ', '') == 'data.generate=True'
+               for o in args.override))
+  if not asked:
+    raise SystemExit(
+        'No --data_dir: full configs need their data (see README, Data). '
+        'Prepare it with `python -m lra_msmra.data.prepare --lra_release '
+        'lra_release.gz --out DIR` (ListOps also: `--generate_listops`) and '
+        'pass --data_dir DIR, or use --options runlocal for the tiny CPU '
+        'jobs.')
+
+
 def main(argv: Sequence[str]) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-  p.add_argument('--protocol', default='lra', choices=PROTOCOLS)
+  p.add_argument('--protocol', default='lra',
+                 choices=config_lib.PROTOCOLS)
   p.add_argument('--mechanisms',
                  default='softmax,cst,long_short,adamra,combiner_fixed')
-  p.add_argument('--tasks', default='listops,text,retrieval,image,pathfinder')
+  p.add_argument('--tasks', default=','.join(config_lib.TASKS[:5]))
   p.add_argument('--seeds', default='0')
   p.add_argument('--root', required=True, help='folder for all workdirs')
   p.add_argument('--options', default='',
@@ -94,6 +109,7 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument('--dry_run', action='store_true',
                  help='print the commands without running them')
   args = p.parse_args(argv)
+  check_data(args)
   runs = plan(args)
   failed = []
   for workdir, cmd in runs:

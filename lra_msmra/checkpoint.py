@@ -8,7 +8,9 @@ Layout of a workdir::
                        plus `meta` (data position, best validation so far)
   best/<step>/         parameters of the best-validation evaluation
   results.json         final report (see lra_msmra.train)
-  tensorboard/         event files and metrics.jsonl
+  tensorboard/         event files and metrics.jsonl (one record per step)
+  lock                 held by the run using the workdir
+                       (lra_msmra.workdir_lock)
 
 Restoring walks the saved steps from the newest down: a checkpoint that fails
 to restore (a partial or corrupted write) is reported and the previous one is
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Optional, Union
 
@@ -92,6 +95,43 @@ class Checkpointer:
     self.best.close()
 
 
+class NoReadableCheckpoint(RuntimeError):
+  """Checkpoints exist but none of them can be restored."""
+
+
+def _first_line(error: BaseException, limit: int = 160) -> str:
+  text = (str(error).strip().splitlines() or [''])[0]
+  return text if len(text) <= limit else text[:limit - 3] + '...'
+
+
+def _drop_late_callback_errors() -> None:
+  """Silences the tracebacks that follow a failed restore.
+
+  When a checkpoint fails to restore, the storage layer's reads that were
+  still in flight finish afterwards and hand their results to an event loop
+  orbax has already closed; each reports a `RuntimeError: Event loop is
+  closed` through `sys.unraisablehook`, a traceback of a dozen lines that
+  says nothing about the run. Those are logged at INFO; every other report
+  reaches the previous hook unchanged. Installed once, after the first
+  failure.
+  """
+  if getattr(sys.unraisablehook, '_lra_msmra', False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(u):
+    tb = u.exc_traceback
+    if (u.exc_type is RuntimeError and
+        str(u.exc_value) == 'Event loop is closed' and tb is not None and
+        tb.tb_frame.f_code.co_name == 'call_soon_threadsafe'):
+      logging.info('Ignored after a failed restore: %r', u.exc_value)
+      return
+    previous(u)
+
+  hook._lra_msmra = True  # pylint: disable=protected-access
+  sys.unraisablehook = hook
+
+
 def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
                     ) -> Optional[tuple[int, Any, dict[str, Any]]]:
   manager.reload()
@@ -104,18 +144,21 @@ def _restore_newest(manager: ocp.CheckpointManager, abstract: Any
           meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-except
       older = steps[i + 1] if i + 1 < len(steps) else None
+      # The storage layer's messages run to dozens of lines: the first one
+      # here, all of them in the INFO log (`--verbose`).
+      logging.info('Restoring %s/%s failed: %r', manager.directory, step, e)
       msg = (f'Checkpoint {manager.directory}/{step} could not be restored '
-             f'({type(e).__name__}: {e}); ' +
+             f'({type(e).__name__}: {_first_line(e)}); ' +
              (f'falling back to step {older}.' if older is not None else
               'no older checkpoint is left.'))
-      logging.warning(msg)
       metrics_lib.log('WARNING: ' + msg)
+      _drop_late_callback_errors()
       unreadable.append(step)
       continue
     _move_aside(manager, unreadable)
     return step, restored.state, dict(restored.meta)
   if steps:
-    raise RuntimeError(
+    raise NoReadableCheckpoint(
         f'No checkpoint in {manager.directory} could be restored (steps '
         f'{steps}). Move the folder away to start from scratch.')
   return None

@@ -5,10 +5,12 @@ Config files live in `configs/<task>/` and expose `get_config(arg)`, where
 `configs/listops/transformer.py:xiong,runlocal`. Options:
 
 * `runlocal`: a tiny model and data for a CPU run of a few minutes.
-* `xiong`: the PyTorch protocol of Xiong et al. (Nyströmformer), PROTOCOL §8.
-* `cst`: the re-tuned protocol of the CST paper, ATTENTIONS §1.7.
+* `xiong`: the PyTorch protocol of Xiong et al. (Nyströmformer),
+  docs/protocol.md §8.
+* `cst`: the re-tuned protocol of the CST paper, docs/protocol.md §9.1.
 
-Without a protocol option a config is the official LRA one (PROTOCOL §5).
+Without a protocol option a config is the official LRA one (docs/protocol.md
+§5).
 
 Shape of a config (batch sizes are global, across all devices and hosts)::
 
@@ -30,6 +32,10 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 
 PROTOCOLS = ('lra', 'xiong', 'cst')
+# The six LRA tasks (configs/<task>/); the first five make the LRA average.
+TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
+# Mechanism names that stand for a config file of another name.
+CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
 OPTIONS = ('runlocal',) + PROTOCOLS[1:]
 DTYPES = ('float32', 'bfloat16')
 
@@ -46,13 +52,6 @@ def parse_arg(arg: str | None, allowed: Iterable[str] = OPTIONS) -> set[str]:
   if len(opts & set(PROTOCOLS)) > 1:
     raise ValueError(f'Choose at most one protocol of {PROTOCOLS[1:]}.')
   return opts
-
-
-def protocol_of(opts: set[str]) -> str:
-  for p in PROTOCOLS[1:]:
-    if p in opts:
-      return p
-  return 'lra'
 
 
 def load_sibling(file: str, name: str):
@@ -80,7 +79,8 @@ def default_config() -> ml_collections.ConfigDict:
   # It also picks the headline test number of results.json: the final
   # checkpoint for 'lra', the best-validation checkpoint otherwise.
   c.protocol = 'lra'
-  # Folder of the task's data files; '' generates or mocks data locally.
+  # Folder of the task's data files (see README, Data). Without it a config
+  # must ask for generated or mock data by name: data.generate=True.
   c.data_dir = ''
   # Task-specific input options, validated by the task's data module.
   c.data = ml_collections.ConfigDict()
@@ -113,7 +113,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Padding mask = (id > 0), for pixels too, as LRA does (P8).
   m.mask_padding = True
   m.causal = False
-  # Hidden sizes of the classifier MLP (LRA: one layer of mlp_dim).
+  # Hidden sizes of the classifier MLP. LRA uses one layer of mlp_dim; the
+  # value is set explicitly and does not follow an override of mlp_dim
+  # (override both to keep them equal).
   m.head_hidden = (1024,)
   # Retrieval only: 'concat' [u, v] (LRA) or 'nli' [u, v, u*v, u-v].
   m.dual_interaction = 'concat'
@@ -140,7 +142,10 @@ def default_config() -> ml_collections.ConfigDict:
 
 def lra_optimizer(weight_decay: float, grad_clip_norm: float = 0.0
                   ) -> ml_collections.ConfigDict:
-  """Adam(0.9, 0.98, 1e-9) with LR-scaled decoupled weight decay (§4.1)."""
+  """Adam(0.9, 0.98, 1e-9) with LR-scaled decoupled weight decay.
+
+  See docs/protocol.md §4.1.
+  """
   return ml_collections.ConfigDict(dict(
       name='adam', b1=0.9, b2=0.98, eps=1e-9, weight_decay=weight_decay,
       grad_clip_norm=grad_clip_norm))
@@ -149,7 +154,10 @@ def lra_optimizer(weight_decay: float, grad_clip_norm: float = 0.0
 def factor_schedule(base_learning_rate: float, warmup_steps: int,
                     factors: str = 'constant*linear_warmup*rsqrt_decay'
                     ) -> ml_collections.ConfigDict:
-  """LRA factor schedule (§4.2); steps_per_cycle -1 = num_train_steps."""
+  """LRA factor schedule (docs/protocol.md §4.2).
+
+  steps_per_cycle -1 stands for num_train_steps.
+  """
   return ml_collections.ConfigDict(dict(
       name='factors', factors=factors, base_learning_rate=base_learning_rate,
       warmup_steps=warmup_steps, steps_per_cycle=-1, decay_factor=0.5,
@@ -159,7 +167,7 @@ def factor_schedule(base_learning_rate: float, warmup_steps: int,
 def apply_xiong(c: ml_collections.ConfigDict, *, learning_rate: float,
                 warmup_steps: int, num_train_steps: int, batch_size: int,
                 eval_every_steps: int, pos_table_len: int) -> None:
-  """The Xiong et al. protocol (PROTOCOL §8): model, optimizer, schedule.
+  """Model, optimizer and schedule of Xiong et al. (docs/protocol.md §8).
 
   Args:
     c: config to modify in place.
@@ -200,7 +208,7 @@ def apply_xiong(c: ml_collections.ConfigDict, *, learning_rate: float,
 def apply_cst(c: ml_collections.ConfigDict, *, learning_rate: float,
               warmup_steps: int, num_train_steps: int, batch_size: int,
               eval_every_steps: int) -> None:
-  """The CST paper's protocol (ATTENTIONS §1.7, CST Table 6).
+  """The CST paper's protocol (docs/protocol.md §9.1, CST Table 6).
 
   2 pre-LN layers, D = 256, FFN 1024, 4 heads, dropout 0.1, mean pooling
   over real tokens, FC(1024)-ReLU-FC head, AdamW with linear warmup and linear
@@ -238,6 +246,8 @@ def apply_runlocal(c: ml_collections.ConfigDict, *,
     max_length: new `data.max_length` for text-like tasks (None: keep the
       task's length, e.g. images, and use a lighter model and batch).
   """
+  # Generated (ListOps) or mock (other tasks) data, see the task's base.py.
+  c.data.generate = True
   if max_length is not None:
     c.data.max_length = max_length
     if c.data.get('pad_to_length'):
@@ -327,14 +337,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ValueError(
         f'config.model keys: unknown {sorted(set(config.model.keys()) - model_keys)}'
         f', missing {sorted(model_keys - set(config.model.keys()))}.')
-  if config.task not in data_lib.TASKS:
-    raise ValueError(f'config.task={config.task!r}; valid: '
-                     f'{sorted(data_lib.TASKS)}.')
+  if config.task not in TASKS:
+    raise ValueError(f'config.task={config.task!r}; valid: {list(TASKS)}.')
   if config.protocol not in PROTOCOLS:
     raise ValueError(f'config.protocol={config.protocol!r}; valid: {PROTOCOLS}.')
   if not isinstance(config.data_dir, str):
     raise ValueError(f'config.data_dir={config.data_dir!r} must be a string '
-                     "(a folder, or '' for generated or mock data).")
+                     "(a folder, or '' with data.generate=True).")
   for key in _POSITIVE_INTS:
     value = config[key]
     if not _is_int(value) or value < 1:

@@ -1,8 +1,9 @@
-"""Metric writers and the progress line, written from process 0 only."""
+"""Metric writers and the progress lines, written from process 0 only."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -10,76 +11,212 @@ from typing import Any, Mapping, Optional
 
 import jax
 
+METRICS_FILE = 'metrics.jsonl'
+
 
 def is_chief() -> bool:
   return jax.process_index() == 0
 
 
-class Writer:
-  """TensorBoard scalars plus a JSON-lines copy (`metrics.jsonl`)."""
+def keep_steps_up_to(path: str, step: int) -> int:
+  """Rewrites a metrics.jsonl keeping only records of steps <= `step`.
 
-  def __init__(self, logdir: str):
+  A run resumed from the checkpoint of `step` writes the later steps again;
+  the killed run's records of those steps would otherwise appear twice. A
+  line cut short by the kill is dropped too. The file is replaced
+  atomically. Returns the number of records dropped.
+  """
+  if not os.path.exists(path):
+    return 0
+  kept, dropped = [], 0
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+        keep = record['step'] <= step
+      except (ValueError, KeyError, TypeError):
+        keep = False
+      if keep:
+        kept.append(line if line.endswith('\n') else line + '\n')
+      else:
+        dropped += bool(line.strip())
+  if dropped:
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+      f.writelines(kept)
+    os.replace(tmp, path)
+  return dropped
+
+
+class Writer:
+  """TensorBoard scalars plus a JSON-lines copy (`metrics.jsonl`).
+
+  `metrics.jsonl` holds one record per step: the scalars written for one
+  step (training, validation) are merged and written when `flush` is called
+  or the next step begins. Opening it for a run that resumes from
+  `resume_step` drops the records of later steps (see `keep_steps_up_to`).
+  TensorBoard event files are left as they are: a resumed run adds a new
+  event file starting at its first step, and TensorBoard, on finding steps
+  that go back, drops the older events from that step on (its handling of
+  restarts).
+  """
+
+  def __init__(self, logdir: str, resume_step: int = 0):
     self._tb = None
     self._jsonl = None
+    self._pending: Optional[dict[str, Any]] = None
     if is_chief():
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       os.makedirs(logdir, exist_ok=True)
+      path = os.path.join(logdir, METRICS_FILE)
+      keep_steps_up_to(path, resume_step)
       self._tb = SummaryWriter(logdir)
-      self._jsonl = open(os.path.join(logdir, 'metrics.jsonl'), 'a')
+      self._jsonl = open(path, 'a')
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._tb is None:
       return
     for k, v in scalars.items():
       self._tb.add_scalar(k, float(v), step)
-    self._jsonl.write(json.dumps({'step': step, **{
-        k: float(v) for k, v in scalars.items()}}) + '\n')
+    if self._pending is not None and self._pending['step'] != step:
+      self.flush()
+    if self._pending is None:
+      self._pending = {'step': step}
+    self._pending.update({k: float(v) for k, v in scalars.items()})
+
+  def flush(self) -> None:
+    """Writes the pending step's record."""
+    if self._tb is None or self._pending is None:
+      return
+    self._jsonl.write(json.dumps(self._pending) + '\n')
     self._jsonl.flush()
     self._tb.flush()
+    self._pending = None
 
   def close(self) -> None:
     if self._tb is not None:
+      self.flush()
       self._tb.close()
       self._jsonl.close()
+      self._tb = None
 
 
 class Progress:
-  """Prints `step, loss, accuracy, steps/s, ETA` lines."""
+  """Prints `step, loss, accuracy, steps/s, ETA` lines.
+
+  Steps per second are steady-state figures: the first step of a process
+  (which waits for the compilation of the training step) and the time spent
+  in evaluations are left out. The ETA is the remaining steps at the
+  steady-state rate since compilation, plus the remaining evaluations at
+  their measured speed (`eval_seconds_left` of `update`); until an
+  evaluation has been timed the ETA covers training only and says `+ eval`.
+  """
 
   def __init__(self, total_steps: int, start_step: int,
                stream: Optional[Any] = None):
     self.total = total_steps
     self.stream = stream or sys.stdout
-    self._t0 = time.time()
-    self._s0 = start_step
-    self._last_t = self._t0
+    self._steady_t0: Optional[float] = None  # When the first step finished.
+    self._steady_s0 = start_step
+    self._excluded = 0.0  # Seconds excluded since then.
+    self._last_t: Optional[float] = None
     self._last_s = start_step
+    self._last_excluded = 0.0
 
-  def steps_per_sec(self, step: int) -> float:
-    elapsed = time.time() - self._t0
-    return (step - self._s0) / elapsed if elapsed > 0 else 0.0
-
-  def update(self, step: int, scalars: Mapping[str, float]) -> float:
-    """Prints a line for `step` (updates done); returns recent steps/s."""
+  def compiled(self, step: int) -> None:
+    """Call once the first step of this process is done (`step` = its
+    number of updates); steady-state timing starts here."""
     now = time.time()
-    rate = (step - self._last_s) / max(now - self._last_t, 1e-9)
-    self._last_t, self._last_s = now, step
-    eta = (self.total - step) / rate if rate > 0 else float('inf')
+    self._steady_t0 = self._last_t = now
+    self._steady_s0 = self._last_s = step
+    self._excluded = self._last_excluded = 0.0
+
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` (an evaluation) out of the training time."""
+    if self._steady_t0 is not None:
+      self._excluded += seconds
+
+  def steps_per_sec(self, step: int) -> Optional[float]:
+    """Steady-state training steps per second up to `step` (None if no step
+    after the first one was timed)."""
+    if self._steady_t0 is None or step <= self._steady_s0:
+      return None
+    elapsed = time.time() - self._steady_t0 - self._excluded
+    return (step - self._steady_s0) / max(elapsed, 1e-9)
+
+  def update(self, step: int, scalars: Mapping[str, float],
+             eval_seconds_left: Optional[float] = None) -> Optional[float]:
+    """Prints a line for `step` (updates done); returns the steps/s since
+    the previous line (steady state, None if not measured yet)."""
+    now = time.time()
+    rate = None
+    if self._last_t is not None and step > self._last_s:
+      elapsed = now - self._last_t - (self._excluded - self._last_excluded)
+      rate = (step - self._last_s) / max(elapsed, 1e-9)
+      self._last_t, self._last_s = now, step
+      self._last_excluded = self._excluded
+    steady = self.steps_per_sec(step)
     parts = [f'step {step}/{self.total}']
     for k in ('loss', 'accuracy'):
       if k in scalars:
         parts.append(f'{k} {scalars[k]:.4f}')
-    parts.append(f'{rate:.2f} steps/s')
-    parts.append(f'ETA {_fmt_time(eta)}')
+    parts.append(f'{rate:.2f} steps/s' if rate is not None else '? steps/s')
+    left = max(self.total - step, 0)
+    if left and steady is None:
+      eta = 'ETA ?'
+    else:
+      seconds = (left / steady if left else 0.0) + (eval_seconds_left or 0.0)
+      eta = f'ETA {format_seconds(seconds)}'
+      if eval_seconds_left is None:
+        eta += ' + eval'
+    parts.append(eta)
     if is_chief():
       print(' | '.join(parts), file=self.stream, flush=True)
     return rate
 
 
-def _fmt_time(seconds: float) -> str:
-  if seconds == float('inf'):
+# Evaluations print their progress at most this often (seconds).
+EVAL_PROGRESS_SECONDS = 10.0
+
+
+class EvalProgress:
+  """`<label>: i/n batches` lines for evaluations that take long.
+
+  The clock starts with `start` (after a first batch that may have waited
+  for a compilation, reported on its own). The first line comes after
+  EVAL_PROGRESS_SECONDS, then at most one per EVAL_PROGRESS_SECONDS; short
+  evaluations print nothing.
+  """
+
+  def __init__(self, label: str, total: int):
+    self.label = label
+    self.total = total
+    self.start()
+
+  def start(self) -> None:
+    self._start = self._last = time.time()
+
+  def due(self, done: int) -> bool:
+    """Whether to report after `done` batches (never after the last one)."""
+    return (done < self.total and
+            time.time() - self._last >= EVAL_PROGRESS_SECONDS)
+
+  def report(self, done: int) -> None:
+    """Prints a line (call when `due()`, with `done` batches finished)."""
+    now = time.time()
+    self._last = now
+    elapsed = now - self._start
+    # Batch 1 ran before the clock started.
+    left = ((self.total - done) * elapsed / (done - 1) if done > 1 else
+            float('inf'))
+    log(f'  {self.label}: {done}/{self.total} batches, '
+        f'{format_seconds(elapsed)} elapsed, ~{format_seconds(left)} left')
+
+
+def format_seconds(seconds: Optional[float]) -> str:
+  if seconds is None or not math.isfinite(seconds):
     return '?'
-  seconds = int(seconds)
+  seconds = int(round(seconds))
   h, rem = divmod(seconds, 3600)
   m, s = divmod(rem, 60)
   return f'{h}:{m:02d}:{s:02d}' if h else f'{m}:{s:02d}'

@@ -1,8 +1,8 @@
 """The LRA encoder, its classifier heads and the Retrieval dual encoder.
 
-One encoder serves every task and every attention mechanism (PROTOCOL §3):
-token embedding, optional CLS token, position embedding, pre-LN blocks, final
-LayerNorm. The attention inside each block is looked up by name in
+One encoder serves every task and every attention mechanism (docs/protocol.md
+§3): token embedding, optional CLS token, position embedding, pre-LN blocks,
+final LayerNorm. The attention inside each block is looked up by name in
 `lra_msmra.attention.REGISTRY` and built from `attention_kw`, so unknown knobs
 fail at construction.
 
@@ -13,9 +13,9 @@ information set `pos_emb='none'` in their configs.
 
 Two initialisation styles are available:
 
-* `'lra'` (PROTOCOL §3.1): embeddings N(0, emb_init_std), Xavier-uniform
+* `'lra'` (docs/protocol.md §3.1): embeddings N(0, emb_init_std), Xavier-uniform
   attention and MLP kernels, MLP biases N(0, 1e-6), default Flax head.
-* `'torch'` (Xiong et al., PROTOCOL §8.2): PyTorch `nn.Linear` defaults,
+* `'torch'` (Xiong et al., docs/protocol.md §8.2): PyTorch `nn.Linear` defaults,
   U(+-1/sqrt(fan_in)) for kernels and biases, embeddings N(0, emb_init_std).
 """
 
@@ -178,8 +178,10 @@ class Encoder(nn.Module):
     if ids.ndim != 2:
       raise ValueError(f'Encoder expects ids [batch, length], got {ids.shape}.')
     if ids.shape[1] > self.max_len:
-      raise ValueError(f'Input length {ids.shape[1]} exceeds max_len '
-                       f'{self.max_len}; raise config.model.max_len.')
+      raise ValueError(
+          f'Input length {ids.shape[1]} exceeds the model\'s max_len '
+          f'{self.max_len}, which comes from the task data '
+          '(config.data.max_length or config.data.pad_to_length).')
     padding_mask = ids > 0 if self.mask_padding else jnp.ones(ids.shape, bool)
     x = nn.Embed(self.vocab_size, self.emb_dim,
                  embedding_init=nn.initializers.normal(self.emb_init_std),
@@ -283,7 +285,7 @@ def _encoder_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class Classifier(nn.Module):
-  """Single-input classifier: encoder, pooling, MLP head (PROTOCOL §3.1)."""
+  """Single-input classifier: encoder, pooling, head (docs/protocol.md §3.1)."""
   encoder: Encoder
   pooling: str
   zero_padded_outputs: bool
@@ -305,7 +307,8 @@ class DualEncoderClassifier(nn.Module):
 
   `interaction='concat'` gives `[u, v]` (LRA), `'nli'` gives
   `[u, v, u*v, u-v]` (Xiong et al.). The encoder has no CLS token, so LRA's
-  'CLS' pooling takes the first byte of each document (PROTOCOL §3.2, P2).
+  'CLS' pooling takes the first byte of each document (docs/protocol.md
+  §3.2, P2).
   """
   encoder: Encoder
   pooling: str

@@ -1,14 +1,14 @@
 """Optimizers and learning-rate schedules of the three LRA protocols.
 
-* LRA (PROTOCOL §4): Adam(0.9, 0.98, 1e-9) with decoupled weight decay scaled
-  by the learning rate on every parameter, and the factor-string schedules of
-  `create_learning_rate_scheduler` (`constant`, `linear_warmup`,
+* LRA (docs/protocol.md §4): Adam(0.9, 0.98, 1e-9) with decoupled weight decay
+  scaled by the learning rate on every parameter, and the factor-string
+  schedules of `create_learning_rate_scheduler` (`constant`, `linear_warmup`,
   `rsqrt_decay`, `rsqrt_normalized_decay`, `decay_every`, `cosine_decay`),
   evaluated at the 0-based update index, so the first update has lr 0 (P18).
-* Xiong et al. (PROTOCOL §8.3): AdamW(0.9, 0.999, 1e-6) under PyTorch's
+* Xiong et al. (docs/protocol.md §8.3): AdamW(0.9, 0.999, 1e-6) under PyTorch's
   `OneCycleLR` with linear annealing, including the cycling of Adam's beta1
   between 0.95 and 0.85 (`cycle_momentum`).
-* CST (ATTENTIONS §1.7): AdamW with linear warmup then linear decay to 0.
+* CST (docs/protocol.md §9.1): AdamW with linear warmup then linear decay to 0.
 
 Each schedule and optimizer is a small ConfigDict whose keys must be exactly
 those listed in `SCHEDULE_KEYS` / `OPTIMIZER_KEYS` for its `name`, so a key that

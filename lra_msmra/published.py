@@ -2,7 +2,7 @@
 
 Every row carries its source and the protocol it was measured under, because
 the papers used three protocols whose numbers are not comparable
-(PROTOCOL §9, ATTENTIONS §5):
+(docs/protocol.md §9.2):
 
 * `'lra'`: the official LRA JAX code and configs (Tay et al.): the LRA
   leaderboard and the Combiner paper.
@@ -20,8 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional
 
-TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
-# The LRA average is over these five (PROTOCOL §10.1).
+from lra_msmra import config_lib
+
+TASKS = config_lib.TASKS
+# The LRA average is over these five (docs/protocol.md §10.1).
 AVERAGE_TASKS = TASKS[:5]
 TASK_TITLES = {'listops': 'ListOps', 'text': 'Text',
                'retrieval': 'Retrieval', 'image': 'Image',
@@ -61,7 +63,7 @@ def _row(model, values, avg, source, protocol, mechanism=None, note='',
              mechanism, note, pathx)
 
 
-_LRA = 'LRA leaderboard, README as of 8 Nov 2020 (PROTOCOL §10.1)'
+_LRA = 'LRA leaderboard, README as of 8 Nov 2020 (docs/protocol.md §10.1)'
 _LRA_EXT = _LRA + ', external entry'
 
 LRA_LEADERBOARD = (
@@ -94,7 +96,7 @@ LRA_LEADERBOARD = (
          pathx='FAIL'),
 )
 
-_COMBINER = 'Combiner paper, Table 5 (ATTENTIONS §7.4)'
+_COMBINER = 'Combiner paper, Table 5 (docs/mechanisms/combiner.md §10)'
 _INTER = ('Pathfinder re-run on pathfinder32_inter for every model; the '
           'other baselines are copied from Tay et al.')
 COMBINER_PAPER = (
@@ -107,7 +109,7 @@ COMBINER_PAPER = (
 )
 
 _XIONG = ('Nyströmformer paper Table 3, as re-quoted in the AdaMRA paper '
-          '(PROTOCOL §8.4)')
+          '(docs/protocol.md §8.4)')
 XIONG = (
     _row('Transformer', (37.10, 65.02, 79.35, 38.20, 74.16), 58.77, _XIONG,
          'xiong', 'softmax'),
@@ -121,7 +123,7 @@ XIONG = (
          58.95, _XIONG, 'xiong'),
 )
 
-_ADAMRA = 'AdaMRA paper, Table 1 (ATTENTIONS §7.3)'
+_ADAMRA = 'AdaMRA paper, Table 1 (docs/mechanisms/adamra.md §10)'
 ADAMRA_PAPER = (
     _row('AdaMRA', (40.40, 68.44, 84.83, 46.00, 75.77), 63.09, _ADAMRA,
          'xiong', 'adamra', 'Rates (1/2, 1/8, 1/32).'),
@@ -131,7 +133,8 @@ ADAMRA_PAPER = (
          (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong'),
 )
 
-_LS = 'Transformer-LS paper, Table 1, mean of 4 seeds (ATTENTIONS §7.2)'
+_LS = ('Transformer-LS paper, Table 1, mean of 4 seeds '
+       '(docs/mechanisms/long_short.md §10)')
 _LS_NOTE = ('Three tasks only (Image/Pathfinder are in the unavailable '
             'appendix); avg over those three; Retrieval used more warm-up '
             'steps than Xiong et al.')
@@ -146,7 +149,7 @@ LONG_SHORT_PAPER = (
          _LS_TASKS),
 )
 
-_CST = 'CST paper, Table 1 (ATTENTIONS §7.1)'
+_CST = 'CST paper, Table 1 (docs/mechanisms/cst.md §10)'
 CST_PAPER = (
     _row('Transformer (CST paper)', (39.92, 64.20, 82.11, 44.25, 74.79),
          61.05, _CST, 'cst', 'softmax'),

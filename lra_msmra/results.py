@@ -16,7 +16,7 @@ same protocol (`lra_msmra.published`): the official LRA leaderboard for
 `lra`, Xiong et al.'s table for `xiong`, the CST paper's re-tuned table for
 `cst`, plus every paper's own rows for the mechanisms we ran. Every row
 names its protocol and source. Numbers of different protocols are not
-comparable (PROTOCOL §9).
+comparable (docs/protocol.md §9.2).
 
 The bubble chart (`results_bubble.png`) plots, as the CST and AdaMRA papers
 do, the LRA average (y) against speed relative to softmax (x), circle area
@@ -36,6 +36,7 @@ the runs' folder is never read back as a run) and `results_bubble.png`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -43,12 +44,17 @@ import statistics
 import sys
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from lra_msmra import config_lib
+from lra_msmra import fingerprint as fingerprint_lib
 from lra_msmra import published
 
 TASKS = published.TASKS
 AVERAGE_TASKS = published.AVERAGE_TASKS
 RESULTS_FILE = 'results.json'
 TABLE_FILE = 'results_table.json'
+# The repository's config files, which define each protocol's official setting.
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'configs')
 
 
 def find_results(paths: Iterable[str]) -> list[str]:
@@ -75,49 +81,135 @@ def load_run(path: str) -> dict[str, Any]:
     raise ValueError(f'{path} lacks {missing}; is it a results.json written '
                      'by lra_msmra.train?')
   run['path'] = path
-  run['attention_kw'] = (run.get('config', {}).get('model', {})
-                         .get('attention_kw', {}))
+  config = run.get('config', {})
+  run['attention_kw'] = config.get('model', {}).get('attention_kw', {})
+  if 'data_source' not in run:
+    run['data_source'] = fingerprint_lib.data_source_record(
+        _legacy_notes(run))
+  run['setting'] = fingerprint_lib.setting(config, run['data_source'])
+  run['fingerprint'] = fingerprint_lib.fingerprint(run['setting'])
   return run
 
 
-def _knob_key(kw: Mapping[str, Any]) -> str:
-  return json.dumps(kw, sort_keys=True)
+def _legacy_notes(run: Mapping[str, Any]) -> dict[str, Any]:
+  """Data notes of a results.json written before sources were recorded:
+  'generated' meant our ListOps generator or mock data elsewhere."""
+  notes = dict(run.get('data_notes', {}))
+  if 'data_source' not in notes and 'generated' in notes:
+    notes['data_source'] = ('release' if not notes['generated'] else
+                            'generated' if run['task'] == 'listops' else
+                            'mock')
+  return notes
 
 
-def label_runs(runs: Sequence[dict[str, Any]]) -> None:
-  """Sets run['mechanism']: the attention, plus knobs where needed.
+# ------------------------------------------------- official configs, labels
 
-  If one attention was run with several knob sets, each label adds the
-  knobs whose values differ between those sets, e.g. `combiner[variant=
-  axial]`.
-  """
-  by_attention: dict[str, dict[str, Mapping[str, Any]]] = {}
-  for run in runs:
-    by_attention.setdefault(run['attention'], {})[
-        _knob_key(run['attention_kw'])] = run['attention_kw']
-  for run in runs:
-    variants = by_attention[run['attention']]
-    if len(variants) == 1:
-      run['mechanism'] = run['attention']
+
+@functools.lru_cache(maxsize=None)
+def official_settings(task: str, protocol: str, configs_root: str = CONFIGS
+                      ) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+  """(label, config setting) of every config file of `task` under the
+  protocol's option and no override, e.g. ('cst', ...), ('long_short:best',
+  ...). Settings leave the data source out (it is reported on its own)."""
+  folder = os.path.join(configs_root, task)
+  if not os.path.isdir(folder):
+    return ()
+  option = '' if protocol == 'lra' else protocol
+  out = []
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith('.py') or name == 'base.py':
       continue
-    keys = sorted({k for kw in variants.values() for k in kw})
-    differing = [k for k in keys
-                 if len({json.dumps(kw.get(k)) for kw in variants.values()})
-                 > 1]
-    knobs = ','.join(f'{k}={run["attention_kw"].get(k)}' for k in differing)
-    run['mechanism'] = f'{run["attention"]}[{knobs}]'
+    stem = name[:-3]
+    module = config_lib.load_sibling(os.path.join(folder, name), stem)
+    allowed = getattr(module, 'OPTIONS', ())
+    for extra in ('', 'best'):
+      if extra and extra not in allowed:
+        continue
+      arg = ','.join(o for o in (option, extra) if o)
+      try:
+        config = module.get_config(arg or None)
+      except ValueError:  # e.g. `best` without a paper setting for the task
+        continue
+      config_setting = fingerprint_lib.setting(json.loads(config.to_json()),
+                                               {})
+      out.append((stem + (f':{extra}' if extra else ''), config_setting))
+  return tuple(out)
+
+
+def _config_part(values: Mapping[str, Any]) -> dict[str, Any]:
+  return {k: v for k, v in values.items()
+          if not k.startswith('data_source.')}
+
+
+def label_runs(runs: Sequence[dict[str, Any]],
+               configs_root: str = CONFIGS) -> None:
+  """Sets each run's `mechanism` (row label), `official` and `changes`.
+
+  A run whose setting (seed, paths and logging aside) equals a config file's
+  under its protocol has that file's name as label and `official=True`.
+  Otherwise the label is the closest config file of the same attention plus
+  what differs from it, e.g. `cst (data.max_length=4000)`; without any
+  config file to compare with, the attention name and its knobs.
+  """
+  for run in runs:
+    ours = _config_part(run['setting'])
+    candidates = [
+        (label, ref) for label, ref in
+        official_settings(run['task'], run['protocol'], configs_root)
+        if ref.get('model.attention') == run['attention']]
+    run['official'] = False
+    run['changes'] = []
+    match = next((label for label, ref in candidates if ref == ours), None)
+    if match is not None:
+      run['mechanism'] = match
+      run['official'] = True
+      continue
+    if candidates:
+      label, ref = min(candidates, key=lambda c: len(
+          fingerprint_lib.differences(ours, c[1])))
+      run['changes'] = fingerprint_lib.differences(ours, ref)
+      run['mechanism'] = f'{label} ({", ".join(run["changes"])})'
+      continue
+    knobs = ','.join(f'{k}={v}' for k, v in sorted(run['attention_kw'].items()))
+    run['mechanism'] = run['attention'] + (f'[{knobs}]' if knobs else '')
+    run['changes'] = ['no config file of this attention to compare with']
+
+
+def data_label(record: Mapping[str, Any]) -> str:
+  """'' for release data; otherwise what the data was."""
+  kind = record.get('kind')
+  if kind == 'release':
+    return ''
+  if kind == 'generated':
+    seed = record.get('generator', {}).get('seed', '?')
+    return f'generated data, seed {seed}'
+  return f'{kind} data'
 
 
 def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """One row per (protocol, mechanism) with per-task mean/std over seeds."""
-  groups: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+  """One row per (protocol, label, data source); per task, mean/std over
+  seeds of runs with one fingerprint. Runs with different fingerprints are
+  never averaged: a task cell that would mix them splits the row."""
+  cells: dict[tuple[str, str, str, str], set[str]] = {}
   for run in runs:
-    groups.setdefault((run['protocol'], run['mechanism']), {}).setdefault(
+    key = (run['protocol'], run['mechanism'], data_label(run['data_source']),
+           run['task'])
+    cells.setdefault(key, set()).add(run['fingerprint'])
+  groups: dict[tuple[str, str, str], dict[str, list[dict[str, Any]]]] = {}
+  for run in runs:
+    dlabel = data_label(run['data_source'])
+    label = run['mechanism']
+    if len(cells[(run['protocol'], label, dlabel, run['task'])]) > 1:
+      label = f'{label} [{run["fingerprint"]}]'
+    groups.setdefault((run['protocol'], label, dlabel), {}).setdefault(
         run['task'], []).append(run)
   rows = []
-  for (protocol, mechanism), tasks in sorted(groups.items()):
+  for (protocol, mechanism, dlabel), tasks in sorted(groups.items()):
+    first = next(iter(tasks.values()))[0]
     row = {'protocol': protocol, 'mechanism': mechanism,
-           'attention': next(iter(tasks.values()))[0]['attention'],
+           'attention': first['attention'], 'data': dlabel,
+           'data_kind': first['data_source'].get('kind'),
+           'official': all(r['official'] for t in tasks.values() for r in t),
            'tasks': {}}
     for task, task_runs in tasks.items():
       acc = [100.0 * r['test_accuracy'] for r in task_runs]
@@ -129,6 +221,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
           'n': len(acc),
           'seeds': [r.get('config', {}).get('seed') for r in task_runs],
           'reported': sorted({r.get('reported', '?') for r in task_runs}),
+          'fingerprint': task_runs[0]['fingerprint'],
           'steps_per_sec': statistics.fmean(speed) if speed else None,
           'num_params': task_runs[0].get('num_params'),
           'paths': [r['path'] for r in task_runs]}
@@ -156,53 +249,132 @@ def _fmt_avg(value: Optional[float], count: int) -> str:
   return f'{value:.2f}'
 
 
-def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+def _score_cells(r: Mapping[str, Any]) -> list[str]:
+  return ([_fmt_score(r['tasks'].get(t)) for t in TASKS]
+          + [_fmt_avg(r['average'], r['average_tasks'])])
+
+
+def _ours(r: Mapping[str, Any]) -> str:
+  data = f'; {r["data"]}' if r['data'] else ''
+  return f'**{r["mechanism"]}** (ours{data})'
+
+
+def _protocol_order(protocol: str) -> int:
+  titles = list(published.PROTOCOL_TITLES)
+  return titles.index(protocol) if protocol in titles else len(titles)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]],
+             runs: Sequence[Mapping[str, Any]] = ()) -> str:
+  """The tables: per protocol, official-config rows beside the published
+  ones, then rows with changed settings (not comparable with those), then
+  mock-data rows (plumbing checks, under no protocol); then every run."""
   header = (['Model', 'Protocol', 'Source']
             + [published.TASK_TITLES[t] for t in TASKS] + ['Avg'])
   lines = ['# LRA results', '',
            'Test accuracy in %. "ours" rows: mean ± standard deviation over '
-           'seeds (n runs); Avg = mean of the five tasks without Path-X. '
-           'Rows of different protocols are not comparable (PROTOCOL §9): '
-           'each row names its protocol.', '']
-  protocols = sorted({r['protocol'] for r in rows},
-                     key=lambda p: list(published.PROTOCOL_TITLES).index(p)
-                     if p in published.PROTOCOL_TITLES else 99)
-  for protocol in protocols:
-    ours = [r for r in rows if r['protocol'] == protocol]
+           'seeds (n runs) of runs with the same setting; Avg = mean of the '
+           'five tasks without Path-X. Rows of different protocols are not '
+           'comparable (docs/protocol.md §9.2): each row names its protocol. '
+           'Only '
+           'runs of an unmodified config file of the repository, on '
+           'released or generated data, are listed beside the published '
+           'numbers; generated data is named in the row.', '']
+  real = [r for r in rows if r['data_kind'] in ('release', 'generated')]
+  for protocol in sorted({r['protocol'] for r in real}, key=_protocol_order):
     title = published.PROTOCOL_TITLES.get(protocol, protocol)
-    table = []
-    for r in ours:
-      table.append([f'**{r["mechanism"]}** (ours)', title, 'this repo']
-                   + [_fmt_score(r['tasks'].get(t)) for t in TASKS]
-                   + [_fmt_avg(r['average'], r['average_tasks'])])
-    refs = published.reference_rows(protocol,
-                                    {r['attention'] for r in ours})
-    notes = []
-    for ref in refs:
-      mark = ''
-      if ref.note:
-        notes.append(ref.note)
-        mark = f' [{len(notes)}]'
-      table.append([ref.model + mark, title, ref.source]
-                   + [f'{ref.scores[t]:.2f}' if t in ref.scores else (
-                       ref.pathx if t == 'pathx' and ref.pathx else '—')
-                      for t in TASKS]
-                   + ['—' if ref.avg is None else f'{ref.avg:.2f}'])
-    lines += [f'## Protocol: {title} (`{protocol}`)', '',
-              _table(header, table), '']
-    if notes:
-      lines += [f'[{i}] {n}' for i, n in enumerate(notes, 1)] + ['']
-  runs = [(r['mechanism'], r['protocol'], t, c)
-          for r in rows for t, c in r['tasks'].items()]
+    official = [r for r in real if r['protocol'] == protocol and
+                r['official']]
+    changed = [r for r in real if r['protocol'] == protocol and
+               not r['official']]
+    if official:
+      table = [[_ours(r), title, 'this repo, official config']
+               + _score_cells(r) for r in official]
+      refs = published.reference_rows(protocol,
+                                      {r['attention'] for r in official})
+      notes = []
+      for ref in refs:
+        mark = ''
+        if ref.note:
+          notes.append(ref.note)
+          mark = f' [{len(notes)}]'
+        table.append([ref.model + mark, title, ref.source]
+                     + [f'{ref.scores[t]:.2f}' if t in ref.scores else (
+                         ref.pathx if t == 'pathx' and ref.pathx else '—')
+                        for t in TASKS]
+                     + ['—' if ref.avg is None else f'{ref.avg:.2f}'])
+      lines += [f'## Protocol: {title} (`{protocol}`)', '',
+                _table(header, table), '']
+      if notes:
+        lines += [f'[{i}] {n}' for i, n in enumerate(notes, 1)] + ['']
+      others = [r for r in published.ALL_ROWS
+                if r.protocol != protocol and r.mechanism in
+                {o['attention'] for o in official} - {'softmax'}]
+      if others:
+        lines += ['The same mechanisms as published under other protocols '
+                  '(other model sizes and training: not comparable with '
+                  'the table above):', '', _table(header, [
+                      [ref.model, published.PROTOCOL_TITLES.get(
+                          ref.protocol, ref.protocol), ref.source]
+                      + [f'{ref.scores[t]:.2f}' if t in ref.scores else '—'
+                         for t in TASKS]
+                      + ['—' if ref.avg is None else f'{ref.avg:.2f}']
+                      for ref in others]), '']
+    if changed:
+      lines += [f'## {title} (`{protocol}`), changed settings', '',
+                'Not comparable with the published rows: each label names '
+                'the config file these runs differ from and what differs.',
+                '', _table(header, [[_ours(r), title, 'this repo, changed']
+                                    + _score_cells(r) for r in changed]), '']
+  mock = [r for r in rows if r['data_kind'] not in ('release', 'generated')]
+  if mock:
+    lines += ['## Mock or unknown data: plumbing checks, not results', '',
+              'Examples that only have the task\'s file format; never '
+              'comparable with any published number.', '',
+              _table(header, [[_ours(r), r['protocol'], 'this repo']
+                              + _score_cells(r) for r in mock]), '']
   lines += ['## Runs', '', _table(
-      ['mechanism', 'protocol', 'task', 'checkpoint', 'seeds', 'steps/s',
+      ['run', 'protocol', 'task', 'seed', 'best-val test', 'final test',
+       'headline', 'steps/s', 'training time', 'data', 'fingerprint',
        'parameters'],
-      [[f'`{m}`', p, t, '/'.join(c['reported']),
-        ','.join(str(s) for s in c['seeds']),
-        '—' if c['steps_per_sec'] is None else f'{c["steps_per_sec"]:.2f}',
-        '—' if c['num_params'] is None else f'{c["num_params"]:,}']
-       for m, p, t, c in runs]), '']
+      [[f'`{r["mechanism"]}`', r['protocol'], r['task'],
+        r.get('config', {}).get('seed', '—'),
+        _pct(r.get('best', {}).get('test_accuracy')),
+        _pct(r.get('final', {}).get('test_accuracy')), r.get('reported', '?'),
+        _num(r.get('train_steps_per_sec'), '.2f'),
+        _train_time(r),
+        data_label(r['data_source']) or 'release', r['fingerprint'],
+        _num(r.get('num_params'), ',')]
+       for r in sorted(runs, key=lambda r: (r['protocol'], r['task'],
+                                            r['mechanism']))]), '']
   return '\n'.join(lines)
+
+
+def _pct(value: Optional[float]) -> str:
+  return '—' if value is None else f'{100 * value:.2f}'
+
+
+def _num(value: Optional[float], spec: str) -> str:
+  return '—' if value is None else format(value, spec)
+
+
+def _train_time(run: Mapping[str, Any]) -> str:
+  """Training time (evaluations included) of a run; runs written before it
+  was recorded give steps / (steps/s), the same loop time, marked ≈."""
+  if run.get('train_seconds') is not None:
+    return _duration(run['train_seconds'])
+  steps, speed = run.get('final', {}).get('step'), run.get(
+      'train_steps_per_sec')
+  if steps and speed:
+    return '≈' + _duration(steps / speed)
+  return '—'
+
+
+def _duration(seconds: Optional[float]) -> str:
+  if seconds is None:
+    return '—'
+  hours, rest = divmod(int(round(seconds)), 3600)
+  return f'{hours}:{rest // 60:02d}:{rest % 60:02d}'
 
 
 def _table(header, rows) -> str:
@@ -321,6 +493,185 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
   return points
 
 
+# ------------------------------------------------------------------- curves
+
+METRICS_FILE = 'metrics.jsonl'
+CURVE_PANELS = (('train/loss', 'training loss'), ('val/loss', 'validation loss'),
+                ('train/accuracy', 'training accuracy'),
+                ('val/accuracy', 'validation accuracy'))
+
+
+def metrics_path(run_dir: str) -> Optional[str]:
+  """The metrics.jsonl of a workdir (or of a collected copy), if any."""
+  for rel in (os.path.join('tensorboard', METRICS_FILE), METRICS_FILE):
+    path = os.path.join(run_dir, rel)
+    if os.path.exists(path):
+      return path
+  return None
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+  """metrics.jsonl records in step order, each (step, set of names) once:
+  where a resumed run wrote a step again, the last record is kept."""
+  records: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
+  with open(path) as f:
+    for line_no, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{line_no}: not JSON ({e}).') from None
+      records[(record['step'], tuple(sorted(record)))] = record
+  return [records[k] for k in sorted(records)]
+
+
+def find_run_dirs(paths: Iterable[str]) -> list[str]:
+  """Folders under `paths` holding results.json or metrics (finished or
+  not), sorted; a workdir's tensorboard/ folder counts as its workdir."""
+  found = set()
+  for path in paths:
+    if os.path.isfile(path):
+      path = os.path.dirname(path)
+    for root, dirs, files in os.walk(path):
+      dirs.sort()
+      if RESULTS_FILE in files or METRICS_FILE in files:
+        if os.path.basename(root) == 'tensorboard':
+          root = os.path.dirname(root)
+        found.add(os.path.abspath(root))
+  return sorted(found)
+
+
+def _run_label(run_dir: str, runs_by_dir: Mapping[str, Mapping[str, Any]]
+               ) -> tuple[str, str]:
+  """(label, group) of a run folder: its table label and protocol/task."""
+  run = runs_by_dir.get(run_dir)
+  if run is not None:
+    seed = run.get('config', {}).get('seed', '?')
+    return (f'{run["mechanism"]} s{seed}',
+            f'{run["protocol"]} / {run["task"]}')
+  config_path = os.path.join(run_dir, 'config.json')
+  name = os.path.relpath(run_dir, os.path.dirname(os.path.dirname(run_dir)))
+  if not os.path.exists(config_path):
+    return f'{name} (unfinished)', '?'
+  with open(config_path) as f:
+    config = json.load(f)
+  return (f'{name} (unfinished)',
+          f'{config.get("protocol", "?")} / {config.get("task", "?")}')
+
+
+def curves_chart(run_dirs: Sequence[str],
+                 runs_by_dir: Mapping[str, Mapping[str, Any]],
+                 path: str) -> list[dict[str, Any]]:
+  """Loss and accuracy (training and validation) against step, one line per
+  run, one figure row per protocol/task; returns what each line shows."""
+  from lra_msmra.benchmark import common  # pylint: disable=g-import-not-at-top
+  series = []
+  for run_dir in run_dirs:
+    mpath = metrics_path(run_dir)
+    if mpath is None:
+      continue
+    label, group = _run_label(run_dir, runs_by_dir)
+    records = read_metrics(mpath)
+    lines = {key: [(r['step'], r[key]) for r in records if key in r]
+             for key, _ in CURVE_PANELS}
+    last = max((r['step'] for r in records), default=0)
+    if run_dir not in runs_by_dir:
+      label = label.replace('(unfinished)', f'(unfinished, step {last})')
+    series.append({'label': label, 'group': group, 'lines': lines,
+                   'last_step': last, 'finished': run_dir in runs_by_dir})
+  groups = sorted({s['group'] for s in series})
+  if not groups:
+    return series
+  plt = common.pyplot()
+  fig, axes = plt.subplots(len(groups), len(CURVE_PANELS),
+                           figsize=(4.2 * len(CURVE_PANELS),
+                                    3.4 * len(groups)), squeeze=False)
+  for row, group in enumerate(groups):
+    for col, (key, title) in enumerate(CURVE_PANELS):
+      ax = axes[row][col]
+      for i, s in enumerate(x for x in series if x['group'] == group):
+        points = s['lines'][key]
+        if points:
+          ax.plot([p[0] for p in points], [p[1] for p in points],
+                  label=s['label'], color=plt.get_cmap('tab10')(i % 10),
+                  linewidth=1.0, linestyle='-' if s['finished'] else '--')
+      ax.set_title(f'{group}: {title}', fontsize=8)
+      ax.set_xlabel('step', fontsize=8)
+      ax.grid(True, alpha=0.3)
+      ax.tick_params(labelsize=7)
+      if col == len(CURVE_PANELS) - 1:
+        ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [{k: v for k, v in s.items() if k != 'lines'} for s in series]
+
+
+# ----------------------------------------------------------------- collect
+
+
+def _scrub(value: Any) -> Any:
+  """Absolute paths become `…/<last two parts>`: copies name no machine."""
+  if isinstance(value, dict):
+    return {k: _scrub(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_scrub(v) for v in value]
+  if isinstance(value, str) and os.path.isabs(value):
+    parts = [p for p in value.split(os.sep) if p]
+    return '…/' + '/'.join(parts[-2:])
+  return value
+
+
+def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
+            ) -> list[str]:
+  """Copies each run's results.json (paths scrubbed), config.json and
+  deduplicated metrics.jsonl to `dest/<path under its --runs root>`, the
+  small files from which this command rebuilds tables and curves."""
+  written = []
+  for run_dir in run_dirs:
+    root = next((os.path.abspath(r) for r in roots
+                 if run_dir.startswith(os.path.abspath(r) + os.sep)), None)
+    rel = (os.path.relpath(run_dir, root) if root else
+           os.path.basename(run_dir))
+    out = os.path.join(dest, rel)
+    os.makedirs(out, exist_ok=True)
+    for name in (RESULTS_FILE, 'config.json'):
+      src = os.path.join(run_dir, name)
+      if os.path.exists(src):
+        with open(src) as f:
+          data = _scrub(json.load(f))
+        with open(os.path.join(out, name), 'w') as f:
+          json.dump(data, f, indent=1, sort_keys=True)
+          f.write('\n')
+    mpath = metrics_path(run_dir)
+    if mpath is not None:
+      with open(os.path.join(out, METRICS_FILE), 'w') as f:
+        for record in read_metrics(mpath):
+          f.write(json.dumps(record) + '\n')
+    written.append(out)
+  return written
+
+
+DOC_BEGIN, DOC_END = '<!-- results:begin -->', '<!-- results:end -->'
+
+
+def write_doc(path: str, text: str) -> None:
+  """Replaces the text between the results markers of a markdown file;
+  the tables' headings go one level down (## -> ###)."""
+  with open(path) as f:
+    doc = f.read()
+  if DOC_BEGIN not in doc or DOC_END not in doc:
+    raise SystemExit(f'{path} lacks the markers {DOC_BEGIN} and {DOC_END}.')
+  body = text.split('\n', 2)[2] if text.startswith('# ') else text
+  body = '\n'.join('#' + line if line.startswith('## ') else line
+                   for line in body.splitlines())
+  head, rest = doc.split(DOC_BEGIN, 1)
+  _, tail = rest.split(DOC_END, 1)
+  with open(path, 'w') as f:
+    f.write(f'{head}{DOC_BEGIN}\n{body.strip()}\n{DOC_END}{tail}')
+
+
 def main(argv: Sequence[str]) -> None:
   parser = argparse.ArgumentParser(
       prog='python -m lra_msmra.results',
@@ -334,15 +685,43 @@ def main(argv: Sequence[str]) -> None:
                       help='train_step.json for the chart\'s speed and '
                            'memory')
   parser.add_argument('--bubble_length', type=int, default=None)
+  parser.add_argument('--doc', default=None,
+                      help='markdown file whose text between '
+                           f'{DOC_BEGIN} and {DOC_END} to replace with the '
+                           'tables (the "# LRA results" title left out)')
+  parser.add_argument('--collect', default=None,
+                      help='also copy every run\'s results.json, config.json '
+                           'and metrics.jsonl (no checkpoints, no machine '
+                           'paths) to this folder; the command rebuilds the '
+                           'same tables and curves from the copy')
   args = parser.parse_args(argv[1:])
-  paths = find_results(args.runs)
-  if not paths:
-    raise SystemExit(f'No {RESULTS_FILE} found under {args.runs}.')
+  for path in args.runs:
+    if not os.path.exists(path):
+      raise SystemExit(f'--runs: {path} does not exist.')
+  run_dirs = find_run_dirs(args.runs)
+  paths = [os.path.join(d, RESULTS_FILE) for d in run_dirs
+           if os.path.exists(os.path.join(d, RESULTS_FILE))]
+  if not run_dirs:
+    raise SystemExit(f'No {RESULTS_FILE} or {METRICS_FILE} found under '
+                     f'{args.runs}.')
   runs = [load_run(p) for p in paths]
   label_runs(runs)
   rows = aggregate(runs)
   os.makedirs(args.out, exist_ok=True)
-  text = markdown(rows)
+  text = markdown(rows, runs)
+  runs_by_dir = {os.path.dirname(r['path']): r for r in runs}
+  curves = curves_chart(run_dirs, runs_by_dir,
+                        os.path.join(args.out, 'results_curves.png'))
+  unfinished = [c for c in curves if not c['finished']]
+  if unfinished:
+    text += '\n'.join(['', '## Unfinished runs (curves only, no table row)',
+                       ''] + [f'- {c["label"]}: {c["group"]}, last logged '
+                              f'step {c["last_step"]}' for c in unfinished]
+                      + [''])
+  if args.collect:
+    collect(run_dirs, args.runs, args.collect)
+  if args.doc:
+    write_doc(args.doc, text)
   bench = None
   if args.benchmark:
     with open(args.benchmark) as f:
@@ -352,11 +731,13 @@ def main(argv: Sequence[str]) -> None:
   with open(os.path.join(args.out, 'results.md'), 'w') as f:
     f.write(text + '\n')
   with open(os.path.join(args.out, TABLE_FILE), 'w') as f:
-    json.dump({'runs': paths, 'rows': rows, 'bubbles': points}, f, indent=2)
+    json.dump({'runs': [_scrub(p) for p in paths], 'rows': _scrub(rows),
+               'bubbles': points, 'curves': curves}, f, indent=2)
     f.write('\n')
   print(text)
-  print(f'\nWrote results.md, {TABLE_FILE} and results_bubble.png to '
-        f'{args.out} ({len(paths)} runs).')
+  print(f'\nWrote results.md, {TABLE_FILE}, results_bubble.png and '
+        f'results_curves.png to {args.out} ({len(paths)} finished runs, '
+        f'{len(unfinished)} unfinished).')
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@ build the model and optimizer, `jax.eval_shape` the train state, derive its
 shardings, restore the newest readable checkpoint or initialise under `jit`
 with those shardings, then run `jit(train_step, donate_argnums=0)`.
 
-Loop semantics (compare PROTOCOL §4.3):
+Loop semantics (compare docs/protocol.md §4.3):
 
 * `step` counts updates done. Training batch k (0-based) is fixed by the seed
   and k, so a resumed run continues with exactly the batches it would have
@@ -20,7 +20,15 @@ Loop semantics (compare PROTOCOL §4.3):
 * A non-finite loss or gradient norm stops the run with an error before any
   later checkpoint is written, so the last good checkpoint stays.
 * SIGTERM (preemption) saves a checkpoint at the current step and exits;
-  with several processes, at the first step all of them agree on.
+  with several processes, at the first step all of them agree on. In a
+  single-process run Ctrl-C (SIGINT) does the same; a second Ctrl-C stops at
+  once without saving.
+* One run per workdir: process 0 holds `<workdir>/lock` while the run lasts
+  (`lra_msmra.workdir_lock`).
+* Progress: the compilation of the training step is reported as its own
+  phase; steps/s and the ETA leave out the first step of a process (it
+  waits for that compilation) and the evaluations, which the ETA adds back
+  at their measured speed; long evaluations report batches done.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import json
 import os
 import signal
 import threading
+import time
 from typing import Any, Callable, Mapping, Optional
 
 import flax
@@ -45,10 +54,14 @@ from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import config_lib
 from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
+from lra_msmra import errors
+from lra_msmra import fingerprint as fingerprint_lib
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import models
 from lra_msmra import optim
+from lra_msmra import provenance as provenance_lib
 from lra_msmra import sharding
+from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
 
 # Config keys that may change when a run is resumed in the same workdir.
@@ -58,7 +71,13 @@ RESUMABLE_CHANGES = ('num_train_steps', 'eval_every_steps', 'num_eval_steps',
 
 
 class Preempted(Exception):
-  """Raised after SIGTERM once the checkpoint of the current step is saved."""
+  """Raised after SIGTERM (or Ctrl-C) once the checkpoint of the current step
+  is saved; `signum` is the signal."""
+
+  def __init__(self, step: int, signum: int = signal.SIGTERM):
+    super().__init__(step)
+    self.step = step
+    self.signum = signum
 
 
 @flax.struct.dataclass
@@ -241,20 +260,62 @@ def jit_steps(config: ml_collections.ConfigDict, model: nn.Module,
   return jit_train_step, jit_eval_step
 
 
+def num_eval_batches(source: pipeline.Source, batch_size: int,
+                     num_steps: int) -> int:
+  """Batches `evaluate` runs over `source` (`num_steps` -1 = whole split)."""
+  total = -(-len(source) // batch_size)
+  return total if num_steps == -1 else min(total, num_steps)
+
+
 def evaluate(eval_fn: Callable[..., Any], params: Any, source: pipeline.Source,
-             batch_size: int, num_steps: int, mesh: jax.sharding.Mesh
-             ) -> dict[str, float]:
-  """Accuracy and mean loss over `num_steps` batches (-1 = whole split)."""
+             batch_size: int, num_steps: int, mesh: jax.sharding.Mesh,
+             label: Optional[str] = None, compiling: bool = False
+             ) -> dict[str, Any]:
+  """Accuracy and mean loss over `num_steps` batches (-1 = whole split).
+
+  Also returns `seconds` (the whole evaluation) and `seconds_per_batch`
+  (batches after the first one, which may wait for a compilation; None with
+  one batch).
+
+  Args:
+    label: names the evaluation in progress lines (none without it); long
+      evaluations print batches done every metrics.EVAL_PROGRESS_SECONDS.
+    compiling: the first batch compiles `eval_fn`: say so and time it.
+  """
+  start = time.time()
+  total = num_eval_batches(source, batch_size, num_steps)
+  progress = metrics_lib.EvalProgress(label, total) if label else None
   totals = None
-  for batch in pipeline.eval_batches(source, batch_size, num_steps,
-                                     jax.process_index(), jax.process_count()):
+  steady_start = None
+  if compiling and label:
+    metrics_lib.log('Compiling the evaluation step ...')
+  for i, batch in enumerate(pipeline.eval_batches(
+      source, batch_size, num_steps, jax.process_index(),
+      jax.process_count())):
     m = eval_fn(params, sharding.to_global(batch, mesh))
     totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
+    if i == 0:
+      if compiling and label:  # The first call returns once compiled.
+        metrics_lib.log(f'Compiled the evaluation step in '
+                        f'{time.time() - start:.1f} s.')
+      # Wait for the first batch: the time of the others is the steady
+      # evaluation speed (for the training ETA).
+      jax.block_until_ready(totals)
+      steady_start = time.time()
+      if progress is not None:
+        progress.start()
+    elif progress is not None and progress.due(i + 1):
+      jax.block_until_ready(totals)  # Report batches done, not queued.
+      progress.report(i + 1)
   totals = jax.device_get(totals)
+  end = time.time()
   count = float(totals['count'])
   return {'accuracy': float(totals['correct']) / count,
           'loss': float(totals['loss_sum']) / count,
-          'examples': int(count)}
+          'examples': int(count),
+          'seconds': end - start,
+          'seconds_per_batch': ((end - steady_start) / (total - 1)
+                                if total > 1 else None)}
 
 
 def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
@@ -276,30 +337,47 @@ def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
 
 
 class _SigtermFlag:
-  """Tells every process to stop at the same step after SIGTERM.
+  """Tells every process to stop at the same step after SIGTERM (or Ctrl-C).
 
   One process: a Python handler sets a flag instead of dying at once (main
-  thread only). Several processes: the hosts may get SIGTERM at different
-  steps, and one that stops alone would leave the others waiting in the next
-  collective. JAX's preemption service (started by `jax.distributed`) catches
-  SIGTERM instead and agrees on one step for all hosts, so no Python handler
-  is installed there: it would hide the signal from that service.
+  thread only); Ctrl-C (SIGINT) is handled the same way, and a second Ctrl-C
+  stops at once (KeyboardInterrupt, no checkpoint of the current step).
+  Several processes: the hosts may get SIGTERM at different steps, and one
+  that stops alone would leave the others waiting in the next collective.
+  JAX's preemption service (started by `jax.distributed`) catches SIGTERM
+  instead and agrees on one step for all hosts, so no Python handler is
+  installed there: it would hide the signal from that service. Ctrl-C then
+  keeps Python's default (the process stops at once); use SIGTERM.
   """
 
   def __init__(self):
     self.raised = False
-    self._previous = None
+    self.signum = signal.SIGTERM
+    self._previous = {}
     self._multiprocess = jax.process_count() > 1
 
   def __enter__(self):
     if (not self._multiprocess and
         threading.current_thread() is threading.main_thread()):
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self.raised = True
+    del frame
+    if signum == signal.SIGINT:
+      if self.raised and self.signum == signal.SIGINT:
+        raise KeyboardInterrupt
+      # Straight to the file descriptor: print() may be interrupted midway.
+      os.write(2, b'\nCtrl-C: saving a checkpoint after the current step '
+               b'(Ctrl-C again stops at once, without saving).\n')
+    if not self.raised:
+      self.raised = True
+      self.signum = signum
+
+  @property
+  def name(self) -> str:
+    return 'SIGINT (Ctrl-C)' if self.signum == signal.SIGINT else 'SIGTERM'
 
   def should_stop(self, step: int) -> bool:
     """Whether to checkpoint and exit after `step`; call it at every step."""
@@ -308,8 +386,8 @@ class _SigtermFlag:
     return self.raised
 
   def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
 
 class _PendingMetrics:
@@ -334,10 +412,10 @@ class _PendingMetrics:
         where = (f'the last good checkpoint (step {last_good}) is kept in '
                  f'{ckpt_dir}' if last_good is not None else
                  'no checkpoint was written yet')
-        raise FloatingPointError(
+        raise errors.mark(FloatingPointError(
             f'Non-finite loss or gradient at step {s + 1}; {where}. Lower '
             'the learning rate, set config.optimizer.grad_clip_norm, or use '
-            "config.model.dtype='float32'.")
+            "config.model.dtype='float32'."))
     count = sum(float(m['count']) for m in values)
     out = {'loss': sum(float(m['loss_sum']) for m in values) / count,
            'accuracy': sum(float(m['correct']) for m in values) / count}
@@ -347,26 +425,128 @@ class _PendingMetrics:
     return out
 
 
+def _previous_result(workdir: str, key: str) -> Any:
+  """`key` of the workdir's existing results.json, or None."""
+  path = os.path.join(workdir, 'results.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f).get(key)
+
+
 # ----------------------------------------------------------------- main loop
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
+def describe_data_source(record: Mapping[str, Any], where: str) -> str:
+  """One line saying where a run's examples come from."""
+  kind = record['kind']
+  if kind == 'release':
+    return f'Data: release files ({where}).'
+  if kind == 'generated':
+    seed = record.get('generator', {}).get('seed', '?')
+    return (f'Data: generated by our seeded implementation of the LRA '
+            f'generator (seed {seed}; {where}).')
+  return (f'Data: MOCK examples ({where}): a plumbing check, not comparable '
+          'with any published number.')
+
+
+def learning_warnings(results: Mapping[str, Any]) -> list[str]:
+  """Warnings about what a run learned (results.json's `warnings`).
+
+  A reported test accuracy at or below the majority-class rate of the test
+  split means the run learned nothing a constant guess would not.
+  """
+  out = []
+  accuracy = results['test_accuracy']
+  majority = results.get('test_majority_rate')
+  if majority is not None and np.isfinite(majority) and accuracy <= majority:
+    out.append(
+        f'test accuracy {accuracy:.4f} ({results["reported"]} checkpoint) is '
+        f'at or below the majority-class rate {majority:.4f} (always '
+        f'predicting label {results.get("test_majority_label")}): the model '
+        'learned nothing beyond the label frequencies. Check the learning '
+        'rate, the number of steps and the data.')
+  return out
+
+
+def _evals_from(step: int, config: ml_collections.ConfigDict) -> int:
+  """Validation evaluations the loop runs at steps `step`..the last one."""
+  total, every = config.num_train_steps, config.eval_every_steps
+  if step > total:
+    return 0
+  return total // every - (step - 1) // every + (1 if total % every else 0)
+
+
+def _lock_workdir(workdir: str) -> workdir_lock.WorkdirLock:
+  """Takes the workdir's lock on process 0; every process raises if it
+  could not (all of them stop, none waits in a collective)."""
+  lock = workdir_lock.WorkdirLock(workdir)
+  error = None
+  if metrics_lib.is_chief():
+    try:
+      note = lock.acquire()
+    except workdir_lock.WorkdirLocked as e:
+      error = e
+    else:
+      if note:
+        metrics_lib.log(note)
+  if jax.process_count() > 1:
+    failed = int(multihost_utils.broadcast_one_to_all(
+        np.int32(error is not None)))
+    if failed and error is None:
+      error = workdir_lock.WorkdirLocked(
+          f'Process 0 could not lock {workdir} (see its output).')
+  if error is not None:
+    raise errors.mark(error)
+  return lock
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       launch: Optional[Mapping[str, Any]] = None
                        ) -> dict[str, Any]:
   """Trains, evaluates and tests one config; returns the results dict.
 
   Re-running in the same workdir resumes from the newest readable checkpoint.
+  A workdir that another run is using is refused
+  (`workdir_lock.WorkdirLocked`).
+
+  Args:
+    config: the run config.
+    workdir: folder for checkpoints, metrics and results.json.
+    launch: how the run was launched (config file and command-line
+      overrides), recorded in results.json.
   """
-  config_lib.validate(config)
+  start_time = time.time()
+  with errors.input_errors():
+    config_lib.validate(config)
+    # Fails here, before anything runs, if the config names no data source.
+    data_lib.data_source(config)
   cpu_rng.use_unrolled_threefry()  # Same dropout masks, drawn faster on CPU.
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  mesh = sharding.create_mesh()
-  sharding.check_batch_size('batch_size', config.batch_size, mesh,
-                            config.grad_accum_steps)
-  sharding.check_batch_size('eval_batch_size', config.eval_batch_size, mesh)
-  _check_resume_config(workdir, config)
+  lock = _lock_workdir(workdir)
+  try:
+    return _train_and_evaluate(config, workdir, launch, start_time)
+  finally:
+    lock.release()
 
-  data = data_lib.get_datasets(config, workdir)
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        launch: Optional[Mapping[str, Any]],
+                        start_time: float) -> dict[str, Any]:
+  """`train_and_evaluate` once the config is valid and the workdir locked."""
+  mesh = sharding.create_mesh()
+  with errors.input_errors():
+    sharding.check_batch_size('batch_size', config.batch_size, mesh,
+                              config.grad_accum_steps)
+    sharding.check_batch_size('eval_batch_size', config.eval_batch_size,
+                              mesh)
+    _check_resume_config(workdir, config)
+    data = data_lib.get_datasets(config, workdir)
+  data_record = fingerprint_lib.data_source_record(data.notes or {})
+  metrics_lib.log(describe_data_source(
+      data_record, (data.notes or {}).get('data_dir') or
+      (data.notes or {}).get('data', '')))
   spec = model_spec(data)
   model, tx, schedule = build(config, spec)
   checkpoint_lib.write_json(os.path.join(workdir, checkpoint_lib.CONFIG_FILE),
@@ -383,11 +563,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       abstract, state_sharding)
 
   ckpt = checkpoint_lib.Checkpointer(workdir, config.max_checkpoints_to_keep)
-  restored = ckpt.restore_latest(abstract)
+  try:
+    restored = ckpt.restore_latest(abstract)
+  except checkpoint_lib.NoReadableCheckpoint as e:
+    ckpt.close()
+    raise errors.mark(e)
   best = {'step': None, 'val_accuracy': -1.0, 'val_loss': None}
+  # Seconds spent training (evaluations included) before this process.
+  earlier_seconds = 0.0
   if restored is not None:
     start, state, meta = restored
     best = meta['best']
+    earlier_seconds = float(meta.get('train_seconds', 0.0))
     ckpt.drop_best_after(start)
     metrics_lib.log(f'Resumed from step {start} ({ckpt.latest.directory}).')
   else:
@@ -403,14 +590,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
 
   jit_train_step, jit_eval_step = jit_steps(config, model, tx, schedule,
                                             mesh, state_sharding)
-  run_eval = functools.partial(evaluate, jit_eval_step,
-                               batch_size=config.eval_batch_size, mesh=mesh)
+  eval_compiled = False
+
+  def run_eval(params, source, num_steps, label):
+    nonlocal eval_compiled
+    result = evaluate(jit_eval_step, params, source,
+                      batch_size=config.eval_batch_size, num_steps=num_steps,
+                      mesh=mesh, label=label, compiling=not eval_compiled)
+    eval_compiled = True
+    return result
+
+  # Seconds per evaluation batch, once measured: the ETA's evaluation part.
+  eval_batch_seconds = None
+  val_batches = num_eval_batches(data.eval, config.eval_batch_size,
+                                 config.num_eval_steps)
+  test_batches = num_eval_batches(data.test, config.eval_batch_size, -1)
+
+  def eval_seconds_left(step: int) -> Optional[float]:
+    if eval_batch_seconds is None:
+      return None
+    # The validations from this step on, then the two test evaluations.
+    batches = (_evals_from(step, config) * val_batches +
+               2 * test_batches)
+    return batches * eval_batch_seconds
 
   train_batches = pipeline.TrainBatches(
       data.train, config.batch_size, config.seed, jax.process_index(),
       jax.process_count())
-  writer = metrics_lib.Writer(os.path.join(workdir, 'tensorboard'))
+  writer = metrics_lib.Writer(os.path.join(workdir, 'tensorboard'),
+                              resume_step=start)
   progress = metrics_lib.Progress(config.num_train_steps, start)
+  loop_start = time.time()
   pending = _PendingMetrics()
   last_saved = start if restored is not None else None
   ckpt_dir = str(ckpt.latest.directory)
@@ -419,8 +629,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
   def save(step: int) -> None:
     nonlocal last_saved
     meta = {'step': step, 'best': best,
+            'train_seconds': earlier_seconds + time.time() - loop_start,
             'data_position': {'next_train_batch': step, 'seed': config.seed,
                               'examples_consumed': step * config.batch_size}}
+    # The metrics of `step` reach the disk before its checkpoint does.
+    writer.flush()
     ckpt.save(step, state, meta)
     last_saved = step
 
@@ -428,8 +641,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
     with _SigtermFlag() as sigterm:
       for k in range(start, config.num_train_steps):
         batch = sharding.to_global(train_batches.get(k), mesh)
+        if k == start:
+          metrics_lib.log('Compiling the training step ...')
+          compile_start = time.time()
         state, m = jit_train_step(state, batch)
         step = k + 1
+        if k == start:
+          # The call returns once compiled; the step itself runs after.
+          compile_seconds = time.time() - compile_start
+          jax.block_until_ready(m)
+          metrics_lib.log(f'Compiled the training step in '
+                          f'{compile_seconds:.1f} s; training.')
+          progress.compiled(step)
         pending.add(k, m)
         # At most two steps in flight: enough to keep the device busy, and a
         # SIGTERM (preemption) is answered within a step or two instead of
@@ -443,11 +666,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
         if step % config.log_every_steps == 0 or do_eval or do_ckpt or stop:
           summary = pending.flush(last_saved, ckpt_dir)
           if step % config.log_every_steps == 0 or is_last:
-            summary['steps_per_sec'] = progress.update(step, summary)
+            rate = progress.update(step, summary, eval_seconds_left(step))
+            if rate is not None:
+              summary['steps_per_sec'] = rate
             writer.write(step, {f'train/{n}': v for n, v in summary.items()})
         if do_eval:
-          last_val = run_eval(state.params, data.eval,
-                              num_steps=config.num_eval_steps)
+          last_val = run_eval(state.params, data.eval, config.num_eval_steps,
+                              f'validation at step {step}')
+          progress.exclude(last_val['seconds'])
+          if last_val['seconds_per_batch'] is not None:
+            eval_batch_seconds = last_val['seconds_per_batch']
           writer.write(step, {'val/accuracy': last_val['accuracy'],
                               'val/loss': last_val['loss']})
           metrics_lib.log(f'step {step}: val accuracy {last_val["accuracy"]:.4f}'
@@ -456,25 +684,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
             best = {'step': step, 'val_accuracy': last_val['accuracy'],
                     'val_loss': last_val['loss']}
             ckpt.save_best(step, state.params, best)
+        writer.flush()
         if do_ckpt or stop:
           save(step)
         if stop and not is_last:
           ckpt.wait()
-          metrics_lib.log(f'SIGTERM: saved step {step} in {ckpt_dir}; '
+          metrics_lib.log(f'{sigterm.name}: saved step {step} in {ckpt_dir}; '
                           'rerun the same command to resume.')
-          raise Preempted(step)
+          raise Preempted(step, sigterm.signum)
     ckpt.wait()
+    train_seconds = earlier_seconds + time.time() - loop_start
 
     if last_val is None:  # Resumed after the last step: evaluate again.
-      last_val = run_eval(state.params, data.eval,
-                          num_steps=config.num_eval_steps)
+      last_val = run_eval(state.params, data.eval, config.num_eval_steps,
+                          'validation')
     final_step = int(jax.device_get(state.step))
-    final_test = run_eval(state.params, data.test, num_steps=-1)
+    final_test = run_eval(state.params, data.test, -1,
+                          'test, final parameters')
     best_restored = ckpt.restore_best(abstract.params)
     if best_restored is None:
       raise RuntimeError(f'No best-validation checkpoint in {workdir}/best.')
     best_step, best_params, _ = best_restored
-    best_test = run_eval(best_params, data.test, num_steps=-1)
+    best_test = run_eval(best_params, data.test, -1,
+                         'test, best-validation parameters')
   finally:
     writer.close()
     ckpt.close()
@@ -484,6 +716,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       for b in pipeline.eval_batches(data.test, config.eval_batch_size)])
   majority_label, majority = pipeline.majority_rate(labels)
   reported = 'final' if config.protocol == 'lra' else 'best'
+  config_dict = json.loads(config.to_json())
+  run_setting = fingerprint_lib.setting(config_dict, data_record)
   results = {
       'task': config.task, 'attention': config.model.attention,
       'protocol': config.protocol, 'num_params': num_params,
@@ -501,11 +735,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       'test_examples': final_test['examples'],
       'test_majority_label': majority_label,
       'test_majority_rate': majority,
-      'train_steps_per_sec': progress.steps_per_sec(config.num_train_steps),
+      # Steady-state training speed of the last process that trained:
+      # steps after its first one (which waits for the compilation) divided
+      # by their time, evaluations excluded; train_seconds below is the
+      # whole loop, evaluations included. None if that process timed no
+      # such step; a re-run that trained no step keeps the figure measured
+      # before.
+      'train_steps_per_sec': (
+          progress.steps_per_sec(config.num_train_steps)
+          if config.num_train_steps > start else
+          _previous_result(workdir, 'train_steps_per_sec')),
       'num_devices': int(mesh.devices.size),
       'data_notes': data.notes or {},
-      'config': json.loads(config.to_json()),
+      'data_source': data_record,
+      'setting_fingerprint': fingerprint_lib.fingerprint(run_setting),
+      'launch': dict(launch or {}),
+      'provenance': provenance_lib.collect(mesh),
+      'train_seconds': train_seconds,
+      'wall_seconds': time.time() - start_time,
+      'config': config_dict,
   }
+  results['warnings'] = learning_warnings(results)
   checkpoint_lib.write_json(os.path.join(workdir, 'results.json'), results)
   metrics_lib.log(
       f'Test accuracy ({reported} checkpoint, step '
@@ -513,4 +763,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str
       f'(final {final_test["accuracy"]:.4f}, best-validation '
       f'{best_test["accuracy"]:.4f}; majority-class rate {majority:.4f}). '
       f'Results: {os.path.join(workdir, "results.json")}')
+  for warning in results['warnings']:
+    metrics_lib.log(f'WARNING: {warning}')
   return results

@@ -181,8 +181,8 @@ def test_causal_maps_are_lower_triangular(name, kw):
 
 @pytest.mark.parametrize('alpha', [1, 2])
 def test_cst_local_map_shows_slices_and_their_extension(alpha):
-  """ATTENTIONS §1.6: without the global path, output i in slice s sees
-  inputs [sL - e, (s + 1) L + e) with e = (alpha - 1) L / 2."""
+  """Without the global path, output i in slice s sees inputs [sL - e,
+  (s + 1) L + e) with e = (alpha - 1) L / 2 (docs/mechanisms/cst.md §8)."""
   size = 4
   model, params, batch = _model(
       'cst', {'slice_length': size, 'alpha': alpha,

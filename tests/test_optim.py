@@ -16,7 +16,8 @@ def lr_at(schedule_cfg, steps, total=5000):
 
 
 def test_lra_rsqrt_schedule_values_from_protocol():
-  # PROTOCOL §4.2: ListOps peak 1.581e-3 at 1000, 7.07e-4 at 5000, lr 0 first.
+  # docs/protocol.md §4.2: ListOps lr 0 first, peak 1.581e-3 at 1000, 7.07e-4
+  # at 5000.
   v = lr_at(config_lib.factor_schedule(0.05, 1000), [0, 500, 1000, 5000])
   np.testing.assert_allclose(v, [0, 0.05 * 0.5 / np.sqrt(1000), 1.581e-3,
                                  7.07e-4], rtol=1e-3)

@@ -7,6 +7,7 @@ parameters with those of an uninterrupted single-process run.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -76,7 +77,10 @@ STEPS = 12
 def reference(tmp_path_factory):
   """An uninterrupted single-process run on 4 devices."""
   workdir = tmp_path_factory.mktemp('reference')
-  run(workdir, STEPS, 4)
+  proc = run(workdir, STEPS, 4)
+  # Quiet by default: no library INFO logs (absl format `I<mmdd> ...`).
+  assert not re.search(r'^I\d{4} ', proc.stderr, re.M), proc.stderr[:2000]
+  assert 'Compiling the training step' in proc.stdout
   return workdir
 
 
@@ -108,10 +112,18 @@ def test_killed_run_resumes_to_the_same_result(sig, tmp_path, reference):
     assert 'SIGTERM: saved step' in out
   else:
     assert proc.returncode == -signal.SIGKILL
+    # The killed run's lock is stale and must not block the resume.
+    assert os.path.exists(tmp_path / 'lock')
   assert not os.path.exists(tmp_path / 'results.json')
   second = run(tmp_path, STEPS, 4)
   assert 'Resumed from step' in second.stdout
+  assert ('Replaced a stale lock' in second.stdout) == (sig == signal.SIGKILL)
+  assert not os.path.exists(tmp_path / 'lock')
   assert_same_run(tmp_path, reference)
+  # Each step once in the metrics, whatever the killed run logged.
+  with open(tmp_path / 'tensorboard' / 'metrics.jsonl') as f:
+    steps = [json.loads(line)['step'] for line in f]
+  assert steps == sorted(set(steps))
 
 
 def test_corrupted_latest_checkpoint_falls_back(tmp_path, reference):
@@ -126,6 +138,8 @@ def test_corrupted_latest_checkpoint_falls_back(tmp_path, reference):
         fh.truncate(max(os.path.getsize(path) // 2, 1))
   second = run(tmp_path, STEPS, 4)
   assert 'Checkpoint' in second.stdout and 'falling back' in second.stdout
+  # One line about it, no storage-layer tracebacks.
+  assert 'Traceback' not in second.stderr, second.stderr[:3000]
   assert 'Resumed from step' in second.stdout
   assert_same_run(tmp_path, reference)
 

@@ -2,31 +2,48 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
+from lra_msmra import config_lib
 from lra_msmra import published
 from lra_msmra import results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _write_run(folder, task, attention, protocol, acc, seed, kw=None,
-               steps_per_sec=10.0):
-  """A results.json shaped like lra_msmra.train's."""
+def _write_run(folder, task, config_name, protocol, acc, seed,
+               steps_per_sec=10.0, overrides=None, source='release'):
+  """A results.json shaped like lra_msmra.train's, with the real config of
+  configs/<task>/<config_name>.py under `protocol` plus dotted overrides."""
   os.makedirs(folder, exist_ok=True)
+  option = None if protocol == 'lra' else protocol
+  module = config_lib.load_sibling(
+      os.path.join(ROOT, 'configs', task, config_name + '.py'), config_name)
+  config = module.get_config(option)
+  config.seed = seed
+  for key, value in (overrides or {}).items():
+    *path, last = key.split('.')
+    node = config
+    for part in path:
+      node = node[part]
+    node[last] = value
   reported = 'final' if protocol == 'lra' else 'best'
+  data_source = {'kind': source}
+  if source == 'generated':
+    data_source['generator'] = {'seed': 0}
   data = {
-      'task': task, 'attention': attention, 'protocol': protocol,
+      'task': task, 'attention': config.model.attention, 'protocol': protocol,
       'num_params': 1234,
       'final': {'step': 10, 'val_accuracy': acc, 'test_accuracy': acc},
       'best': {'step': 10, 'val_accuracy': acc, 'test_accuracy': acc},
       'reported': reported, 'test_accuracy': acc,
-      'train_steps_per_sec': steps_per_sec,
-      'config': {'seed': seed, 'model': {'attention': attention,
-                                         'attention_kw': kw or {}}},
+      'train_steps_per_sec': steps_per_sec, 'train_seconds': 3725.0,
+      'data_source': data_source,
+      'config': json.loads(config.to_json()),
   }
   with open(os.path.join(folder, 'results.json'), 'w') as f:
     json.dump(data, f)
@@ -35,20 +52,20 @@ def _write_run(folder, task, attention, protocol, acc, seed, kw=None,
 @pytest.fixture
 def runs_dir(tmp_path):
   root = tmp_path / 'runs'
-  _write_run(root / 'lra/listops/transformer/seed0', 'listops', 'softmax',
+  _write_run(root / 'lra/listops/transformer/seed0', 'listops', 'transformer',
              'lra', 0.36, 0, steps_per_sec=10.0)
-  _write_run(root / 'lra/listops/transformer/seed1', 'listops', 'softmax',
+  _write_run(root / 'lra/listops/transformer/seed1', 'listops', 'transformer',
              'lra', 0.38, 1, steps_per_sec=10.0)
-  _write_run(root / 'lra/text/transformer/seed0', 'text', 'softmax', 'lra',
-             0.64, 0, steps_per_sec=5.0)
-  _write_run(root / 'lra/listops/combiner_fixed/seed0', 'listops', 'combiner',
-             'lra', 0.37, 0, {'variant': 'fixed'}, steps_per_sec=20.0)
-  _write_run(root / 'lra/listops/combiner_axial/seed0', 'listops', 'combiner',
-             'lra', 0.35, 0, {'variant': 'axial'}, steps_per_sec=15.0)
+  _write_run(root / 'lra/text/transformer/seed0', 'text', 'transformer',
+             'lra', 0.64, 0, steps_per_sec=5.0)
+  _write_run(root / 'lra/listops/combiner_fixed/seed0', 'listops',
+             'combiner_fixed', 'lra', 0.37, 0, steps_per_sec=20.0)
+  _write_run(root / 'lra/listops/combiner_axial/seed0', 'listops',
+             'combiner_axial', 'lra', 0.35, 0, steps_per_sec=15.0)
   for task, acc in zip(published.AVERAGE_TASKS,
                        (0.40, 0.68, 0.84, 0.46, 0.75)):
     _write_run(root / f'xiong/{task}/adamra/seed0', task, 'adamra', 'xiong',
-               acc, 0, {'compression_rates': [0.5, 0.125, 0.03125]})
+               acc, 0)
   return root
 
 
@@ -70,11 +87,12 @@ def test_results_command(runs_dir, tmp_path):
   results.main(['results', '--runs', str(runs_dir), '--out', str(out),
                 '--benchmark', str(_bench(tmp_path))])
   text = (out / 'results.md').read_text()
-  # Our rows, labelled by the knob that tells the Combiner configs apart.
-  assert '**softmax** (ours)' in text
-  assert '**combiner[variant=fixed]** (ours)' in text
-  assert '**combiner[variant=axial]** (ours)' in text
+  # Our rows, labelled by the config file each run's setting equals.
+  assert '**transformer** (ours)' in text
+  assert '**combiner_fixed** (ours)' in text
+  assert '**combiner_axial** (ours)' in text
   assert '**adamra** (ours)' in text
+  assert 'changed settings' not in text and 'Mock' not in text
   # Seeds averaged: ListOps softmax 36 and 38 -> 37.00 ± 1.41 (n=2).
   assert '37.00 ± 1.41 (n=2)' in text
   # Protocol sections, each with its published rows and sources.
@@ -108,8 +126,8 @@ def test_bubble_speed_from_runs_without_benchmark(runs_dir, tmp_path):
   points = results.bubble_chart(rows, str(tmp_path / 'b.png'))
   speed = {p['label']: p['relative_speed'] for p in points}
   # combiner fixed ran ListOps only, at 20 vs softmax's 10 steps/s there.
-  assert speed['combiner[variant=fixed]'] == pytest.approx(2.0)
-  assert speed['softmax'] == pytest.approx(1.0)
+  assert speed['combiner_fixed'] == pytest.approx(2.0)
+  assert speed['transformer'] == pytest.approx(1.0)
   assert 'adamra' not in speed  # no softmax run under its protocol.
 
 
@@ -154,3 +172,140 @@ def test_suite_dry_run(tmp_path):
   missing = subprocess.run(cmd[:5] + ['nope'] + cmd[6:], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
   assert missing.returncode != 0 and 'Missing config' in missing.stderr
+
+
+def _sections(text):
+  """{heading: body} of the markdown's ## sections."""
+  out, name = {}, None
+  for line in text.splitlines():
+    if line.startswith('## '):
+      name = line[3:]
+      out[name] = []
+    elif name is not None:
+      out[name].append(line)
+  return {k: '\n'.join(v) for k, v in out.items()}
+
+
+def test_changed_settings_and_mock_data_never_join_the_official_rows(
+    tmp_path):
+  root = tmp_path / 'runs'
+  _write_run(root / 'a', 'text', 'transformer', 'lra', 0.60, 0)
+  _write_run(root / 'b', 'text', 'transformer', 'lra', 0.70, 0,
+             overrides={'data.max_length': 4000})
+  _write_run(root / 'c', 'text', 'transformer', 'lra', 0.99, 0,
+             source='mock')
+  out = tmp_path / 'out'
+  results.main(['results', '--runs', str(root), '--out', str(out)])
+  sections = _sections((out / 'results.md').read_text())
+  official = sections['Protocol: LRA official (`lra`)']
+  changed = sections['LRA official (`lra`), changed settings']
+  mock = sections['Mock or unknown data: plumbing checks, not results']
+  # Three rows, each labelled; only the official one beside the leaderboard.
+  assert '**transformer** (ours)' in official and '60.00' in official
+  assert '70.00' not in official and '99.00' not in official
+  assert '64.27' in official  # LRA's Transformer on Text.
+  assert '**transformer (data.max_length=4000)** (ours)' in changed
+  assert '70.00' in changed and '64.27' not in changed
+  assert '**transformer** (ours; mock data)' in mock and '99.00' in mock
+  rows = json.loads((out / 'results_table.json').read_text())['rows']
+  assert len(rows) == 3
+  assert [r['official'] for r in rows].count(True) == 2  # official and mock
+  assert sum(r['official'] and r['data_kind'] == 'release' for r in rows) == 1
+
+
+def test_runs_are_averaged_only_with_equal_settings(tmp_path):
+  root = tmp_path / 'runs'
+  _write_run(root / 's0', 'listops', 'cst', 'xiong', 0.30, 0)
+  _write_run(root / 's1', 'listops', 'cst', 'xiong', 0.40, 1)
+  _write_run(root / 'lr', 'listops', 'cst', 'xiong', 0.50, 2,
+             overrides={'schedule.max_learning_rate': 2e-4})
+  runs = _labelled(root)
+  rows = results.aggregate(runs)
+  assert len(rows) == 2
+  cell = {r['mechanism']: r['tasks']['listops'] for r in rows}
+  assert cell['cst']['n'] == 2 and cell['cst']['mean'] == pytest.approx(35.0)
+  assert cell['cst (schedule.max_learning_rate=0.0002)']['n'] == 1
+  fingerprints = {r['fingerprint'] for r in runs}
+  assert len(fingerprints) == 2  # seeds share one; the changed LR has its own
+
+
+def test_generated_listops_is_marked_and_options_are_recognised(tmp_path):
+  root = tmp_path / 'runs'
+  _write_run(root / 'g', 'listops', 'long_short', 'xiong', 0.37, 0,
+             source='generated')
+  runs = _labelled(root)
+  assert runs[0]['official'] and runs[0]['mechanism'] == 'long_short'
+  text = results.markdown(results.aggregate(runs), runs)
+  assert '**long_short** (ours; generated data, seed 0)' in text
+  assert '37.50' in text  # the Transformer-LS paper's ListOps number.
+
+
+def _write_metrics(folder, steps, repeat_from=None):
+  os.makedirs(folder / 'tensorboard', exist_ok=True)
+  lines = []
+  for s in steps:
+    lines.append({'step': s, 'train/loss': 2.0 - s / 100,
+                  'train/accuracy': s / 100})
+    lines.append({'step': s, 'val/loss': 2.1 - s / 100,
+                  'val/accuracy': s / 110})
+  if repeat_from is not None:  # a resumed run wrote these steps again
+    lines += [l for l in lines if l['step'] >= repeat_from]
+  (folder / 'tensorboard' / 'metrics.jsonl').write_text(
+      ''.join(json.dumps(l) + '\n' for l in lines))
+
+
+def test_curves_collect_and_rebuild(tmp_path):
+  root = tmp_path / 'runs'
+  done = root / 'xiong' / 'listops' / 'cst' / 'seed0'
+  _write_run(done, 'listops', 'cst', 'xiong', 0.30, 0, source='generated')
+  _write_metrics(done, [50, 100, 150], repeat_from=100)
+  going = root / 'xiong' / 'listops' / 'transformer' / 'seed0'
+  _write_metrics(going, [50, 100])
+  (going / 'config.json').write_text(json.dumps(
+      {'task': 'listops', 'protocol': 'xiong'}))
+  out, copy = tmp_path / 'out', tmp_path / 'copy'
+  results.main(['results', '--runs', str(root), '--out', str(out),
+                '--collect', str(copy)])
+  text = (out / 'results.md').read_text()
+  assert 'transformer/seed0 (unfinished, step 100)' in text
+  assert (out / 'results_curves.png').read_bytes()[:4] == b'\x89PNG'
+  table = json.loads((out / 'results_table.json').read_text())
+  assert {c['label']: c['finished'] for c in table['curves']} == {
+      'cst s0': True, 'transformer/seed0 (unfinished, step 100)': False}
+  # The copy: small files, each step once, no absolute paths.
+  copied = copy / 'xiong' / 'listops' / 'cst' / 'seed0'
+  metrics = [json.loads(l) for l in
+             (copied / 'metrics.jsonl').read_text().splitlines()]
+  assert [m['step'] for m in metrics] == [50, 50, 100, 100, 150, 150]
+  assert str(tmp_path) not in (copied / 'results.json').read_text()
+  # Rebuilding from the copy gives the same tables.
+  again = tmp_path / 'again'
+  results.main(['results', '--runs', str(copy), '--out', str(again)])
+  assert (again / 'results.md').read_text() == text
+
+
+def test_suite_without_data_stops_before_running(tmp_path):
+  cmd = [sys.executable, 'launch/suite.py', '--protocol', 'xiong',
+         '--mechanisms', 'cst', '--tasks', 'listops', '--root',
+         str(tmp_path), '--dry_run']
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode != 0
+  assert 'lra_msmra.data.prepare' in done.stderr
+  assert 'lra_msmra.main' not in done.stdout
+
+
+def test_committed_listops_results_rebuild_from_their_copy(tmp_path):
+  """docs/results.md's ListOps table is what the documented command builds
+  from the committed run files."""
+  committed = os.path.join(ROOT, 'docs', 'results', 'listops_xiong')
+  runs = tmp_path / 'runs'
+  shutil.copytree(os.path.join(committed, 'runs'), runs)
+  doc = tmp_path / 'results.md'
+  shutil.copy(os.path.join(ROOT, 'docs', 'results.md'), doc)
+  results.main(['results', '--runs', str(runs), '--out', str(tmp_path / 'o'),
+                '--doc', str(doc)])
+  with open(os.path.join(committed, 'summary', 'results.md')) as f:
+    assert (tmp_path / 'o' / 'results.md').read_text() == f.read()
+  with open(os.path.join(ROOT, 'docs', 'results.md')) as f:
+    assert doc.read_text() == f.read()

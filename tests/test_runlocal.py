@@ -54,4 +54,7 @@ def test_cli_rejects_unknown_config_keys(tmp_path):
   proc = run_main('configs/listops/transformer.py:runlocal', tmp_path,
                   '--config.num_trian_steps=3', timeout=120)
   assert proc.returncode != 0
-  assert 'num_trian_steps' in proc.stderr
+  # One line naming the override, the config file and the fix.
+  assert proc.stderr.splitlines() == [
+      'error: --config.num_trian_steps=3: configs/listops/transformer.py has '
+      "no key 'num_trian_steps'; did you mean 'num_train_steps'?"]

@@ -1,8 +1,14 @@
 """The trainer: smoke run, sharding, checkpoints, resume, failure modes."""
 
+import asyncio
 import functools
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +16,11 @@ import numpy as np
 import pytest
 
 import lra_msmra
+from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
 from lra_msmra import sharding
 from lra_msmra import train
+from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
 from tests import helpers
 
@@ -40,10 +48,36 @@ def test_smoke_run_writes_everything(finished_run):
   assert 0 < on_disk['test_majority_rate'] <= 1
   tb = os.listdir(os.path.join(workdir, 'tensorboard'))
   assert any(f.startswith('events.out.tfevents') for f in tb)
-  lines = open(os.path.join(workdir, 'tensorboard', 'metrics.jsonl')).read()
-  assert 'train/grad_norm' in lines and 'val/accuracy' in lines
+  records = _metrics(workdir)
+  # One record per step, training and validation scalars together.
+  assert [r['step'] for r in records] == [2, 4]
+  assert all('train/grad_norm' in r and 'val/accuracy' in r for r in records)
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['2', '4']
   assert results['num_params'] > 0
+  # Steady-state steps/s (steps after the compiling one, evaluations out).
+  assert on_disk['train_steps_per_sec'] > 0
+  assert on_disk['train_seconds'] > 0
+  # A run at or below the majority class says so, and only then.
+  below = on_disk['test_accuracy'] <= on_disk['test_majority_rate']
+  assert bool(on_disk['warnings']) == below
+  # The workdir is free again.
+  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
+
+
+def _metrics(workdir):
+  with open(os.path.join(workdir, 'tensorboard', 'metrics.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_learning_warnings():
+  results = {'test_accuracy': 0.46, 'test_majority_rate': 0.54,
+             'test_majority_label': 1, 'reported': 'final'}
+  [warning] = train.learning_warnings(results)
+  assert '0.4600' in warning and 'majority-class rate 0.5400' in warning
+  results['test_accuracy'] = 0.54  # At the majority rate: still nothing.
+  assert len(train.learning_warnings(results)) == 1
+  results['test_accuracy'] = 0.60
+  assert not train.learning_warnings(results)
 
 
 def _evaluate(model, params, source, batch_size=8):
@@ -79,16 +113,119 @@ def test_resume_continues_at_the_right_step(tmp_path, finished_run):
   train.train_and_evaluate(helpers.tiny_listops_config(num_train_steps=2),
                            workdir)
   assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+  # As if a killed run had logged steps after its last checkpoint, the last
+  # line cut short by the kill.
+  with open(os.path.join(workdir, 'tensorboard', 'metrics.jsonl'), 'a') as f:
+    f.write(json.dumps({'step': 3, 'train/loss': -1.0}) + '\n')
+    f.write(json.dumps({'step': 4, 'train/loss': -1.0}) + '\n')
+    f.write('{"step": 4, "val/acc')
   resumed = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
   assert resumed['final']['step'] == 4
   # The resumed run is the uninterrupted run, bit for bit.
   jax.tree.map(np.testing.assert_array_equal, _final_params(workdir),
                _final_params(full_dir))
   assert resumed['final'] == full_results['final']
-  lines = [json.loads(l) for l in open(
-      os.path.join(workdir, 'tensorboard', 'metrics.jsonl'))]
-  steps = [l['step'] for l in lines if 'train/loss' in l]
-  assert steps == [2, 4]
+  # Each step once, with the resumed run's values.
+  records = _metrics(workdir)
+  assert [r['step'] for r in records] == [2, 4]
+  assert records[1]['train/loss'] == _metrics(full_dir)[1]['train/loss']
+
+
+def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
+    tmp_path, finished_run, monkeypatch, capfd):
+  _, full_dir, full_results = finished_run
+  workdir = str(tmp_path)
+  get = pipeline.TrainBatches.get
+
+  def get_and_interrupt(self, k):
+    if k == 2:  # During step 3: the run saves step 3 and stops.
+      os.kill(os.getpid(), signal.SIGINT)
+    return get(self, k)
+
+  monkeypatch.setattr(pipeline.TrainBatches, 'get', get_and_interrupt)
+  with pytest.raises(train.Preempted) as stopped:
+    train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
+  assert (stopped.value.step, stopped.value.signum) == (3, signal.SIGINT)
+  out = capfd.readouterr()
+  assert 'Ctrl-C again stops at once' in out.err
+  assert 'SIGINT (Ctrl-C): saved step 3' in out.out
+  assert '3' in os.listdir(os.path.join(workdir, 'checkpoints'))
+  assert not os.path.exists(os.path.join(workdir, 'results.json'))
+  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  monkeypatch.setattr(pipeline.TrainBatches, 'get', get)
+  resumed = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
+  assert 'Resumed from step 3' in capfd.readouterr().out
+  jax.tree.map(np.testing.assert_array_equal, _final_params(workdir),
+               _final_params(full_dir))
+  assert resumed['final'] == full_results['final']
+
+
+def test_second_ctrl_c_stops_at_once():
+  with train._SigtermFlag() as flag:  # pylint: disable=protected-access
+    os.kill(os.getpid(), signal.SIGINT)
+    assert flag.should_stop(1) and flag.signum == signal.SIGINT
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _write_lock(workdir, **fields):
+  os.makedirs(workdir, exist_ok=True)
+  record = {'pid': os.getppid(), 'host': socket.gethostname(),
+            'started': '2025-01-01 00:00:00', 'command': 'python -m x',
+            'process_start': workdir_lock._process_start(os.getppid()),  # pylint: disable=protected-access
+            'pid_namespace': workdir_lock._pid_namespace(),  # pylint: disable=protected-access
+            'token': 'other'}
+  record.update(fields)
+  path = os.path.join(workdir, workdir_lock.LOCK_FILE)
+  with open(path, 'w') as f:
+    json.dump(record, f)
+  return path
+
+
+def test_a_workdir_in_use_is_refused(tmp_path):
+  # A live process on this machine (the one that started the tests).
+  path = _write_lock(str(tmp_path))
+  before = open(path).read()
+  with pytest.raises(workdir_lock.WorkdirLocked,
+                     match=f'process {os.getppid()} on host '
+                     f'{socket.gethostname()}'):
+    train.train_and_evaluate(helpers.tiny_listops_config(), str(tmp_path))
+  assert open(path).read() == before  # Left alone, nothing else written.
+  assert os.listdir(tmp_path) == [workdir_lock.LOCK_FILE]
+  # Written on another machine: cannot be checked, so refused, naming the
+  # file to delete.
+  path = _write_lock(str(tmp_path), host='elsewhere', pid=12345)
+  with pytest.raises(workdir_lock.WorkdirLocked,
+                     match=f'process 12345 on host elsewhere.*delete {path}'):
+    train.train_and_evaluate(helpers.tiny_listops_config(), str(tmp_path))
+
+
+def test_a_stale_lock_is_replaced(tmp_path):
+  finished = subprocess.Popen([sys.executable, '-c', 'pass'])
+  finished.wait()
+  for fields in ({'pid': finished.pid}, {'pid': os.getpid()},
+                 {'process_start': 'not-when-it-started'}):
+    path = _write_lock(str(tmp_path), **fields)
+    lock = workdir_lock.WorkdirLock(str(tmp_path))
+    note = lock.acquire()
+    assert note.startswith('Replaced a stale lock'), note
+    assert json.load(open(path))['pid'] == os.getpid()
+    # A second run now finds a live lock.
+    with pytest.raises(workdir_lock.WorkdirLocked, match='Another run'):
+      workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+    lock.release()
+    assert not os.path.exists(path)
+  # An unreadable lock: young, it may be one being written; old, a leftover.
+  path = os.path.join(str(tmp_path), workdir_lock.LOCK_FILE)
+  open(path, 'w').close()
+  with pytest.raises(workdir_lock.WorkdirLocked, match='unreadable'):
+    workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  os.utime(path, (0, 0))
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  assert 'unreadable lock file' in lock.acquire()
+  lock.release()
 
 
 def test_resume_with_a_different_config_is_refused(finished_run):
@@ -114,6 +251,8 @@ def test_batch_size_must_divide_devices(tmp_path):
   config = helpers.tiny_listops_config(batch_size=12)
   with pytest.raises(ValueError, match='divisible by 8 devices'):
     train.train_and_evaluate(config, str(tmp_path))
+  # Released on errors too.
+  assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
 
 
 def _one_step(config, mesh, batch):
@@ -164,3 +303,25 @@ def test_gradient_accumulation_equals_full_batch(listops_batch):
                              rtol=1e-4)
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4,
                                  atol=1e-6), p_acc, p_full)
+
+
+def test_late_reads_of_a_failed_restore_are_silenced(monkeypatch):
+  """After a failed restore, only the storage layer's reports of reads that
+  end on orbax's closed event loop are dropped; other reports go through."""
+  reported = []
+  monkeypatch.setattr('sys.unraisablehook', reported.append)
+  checkpoint_lib._drop_late_callback_errors()  # pylint: disable=protected-access
+  loop = asyncio.new_event_loop()
+  loop.close()
+  try:
+    loop.call_soon_threadsafe(print)
+  except RuntimeError as e:
+    closed = e
+  late = types.SimpleNamespace(
+      exc_type=RuntimeError, exc_value=closed,
+      exc_traceback=closed.__traceback__.tb_next)  # From call_soon_threadsafe.
+  other = types.SimpleNamespace(exc_type=ValueError, exc_value=ValueError(),
+                                exc_traceback=None)
+  sys.unraisablehook(late)
+  sys.unraisablehook(other)
+  assert reported == [other]

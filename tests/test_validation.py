@@ -96,7 +96,7 @@ CASES = {
     'pad_below_length': ({'data.pad_to_length': 16},
                          'config.data.pad_to_length'),
     'generated_longer_than_max_length': (
-        {'data.generate.max_length': 64}, 'config.data.max_length=32'),
+        {'data.generator.max_length': 64}, 'config.data.max_length=32'),
     'unknown_data_key': ({'data.max_len': 32}, 'config.data'),
     'eps_zero': ({'optimizer.eps': 0.0}, 'config.optimizer.eps'),
     'beta_one': ({'optimizer.b1': 1.0}, 'config.optimizer.b1'),
@@ -147,7 +147,7 @@ def test_batch_sizes_must_split_over_devices(tmp_path, overrides, expected):
 
 
 def test_missing_data_dir_names_the_expected_layout(tmp_path):
-  config = _config(data_dir=str(tmp_path / 'nowhere'))
+  config = _config(data_dir=str(tmp_path / 'nowhere'), **{'data.generate': False})
   with pytest.raises(FileNotFoundError,
                      match=r'config\.data_dir.*basic_\{train,val,test\}\.tsv'):
     train.train_and_evaluate(config, str(tmp_path / 'run'))
@@ -156,7 +156,7 @@ def test_missing_data_dir_names_the_expected_layout(tmp_path):
 def test_data_dir_of_another_task_names_the_expected_layout(tmp_path):
   # E.g. the Retrieval folder of the LRA release given to ListOps.
   (tmp_path / 'new_aan_pairs.train.tsv').write_text('1\ta\tb\tx\ty\n')
-  config = _config(data_dir=str(tmp_path))
+  config = _config(data_dir=str(tmp_path), **{'data.generate': False})
   with pytest.raises(FileNotFoundError,
                      match=r'basic_train\.tsv not found.*listops-1000'):
     train.train_and_evaluate(config, str(tmp_path / 'run'))
@@ -177,3 +177,14 @@ def test_multi_process_flags_are_checked(flags, expected):
 def test_multi_process_flags_accepted():
   assert main_lib.check_distributed_flags(False, '10.0.0.2:1234', 4, 3)
   assert not main_lib.check_distributed_flags(True, None, None, None)
+
+
+@pytest.mark.parametrize('task', ['listops', 'text', 'retrieval', 'image',
+                                  'pathfinder', 'pathx'])
+def test_full_config_without_data_stops_with_the_prepare_command(
+    task, tmp_path):
+  config = helpers.load_config(f'configs/{task}/transformer.py')
+  with pytest.raises(ValueError, match='python -m lra_msmra.data.prepare'):
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  # Nothing was written: the run stopped before anything ran.
+  assert not (tmp_path / 'run').exists()

@@ -6,7 +6,7 @@ number); this docstring holds what applies to every task. The paper reports
 its LRA numbers (Table 1) under the `xiong` protocol and states no hardware
 for those runs.
 
-Knobs (lra_msmra/attention/adamra.py lists every choice): the paper's
+Knobs (docs/mechanisms/adamra.md explains every choice): the paper's
 Table 1 setting of three resolution heads with compression rates (1/2, 1/8,
 1/32) (its ablation row 3), router gated by its probability so it learns,
 masked segment means; `num_heads` is the number of subheads S per resolution
@@ -20,10 +20,11 @@ Projections, by protocol:
   per-head projections (13 D^2 per layer, against softmax's 4 D^2) break it
   on most tasks, so each task picks the largest layout that fits
   (`lra_projections`).
-* `xiong` (the paper's protocol, PROTOCOL §8 and ATTENTIONS §3.6): 2 layers,
-  D = 64, S = 2 subheads of width 32 (S is not reported; this matches the
-  2 x 32 heads of the protocol) and the paper's stacked projections, with the
-  biases and PyTorch initialisation of that protocol.
+* `xiong` (the paper's protocol, docs/protocol.md §8 and
+  docs/mechanisms/adamra.md §9): 2 layers, D = 64, S = 2 subheads of width 32 (S
+  is not reported; this matches the 2 x 32 heads of the protocol) and the
+  paper's stacked projections, with the biases and PyTorch initialisation of
+  that protocol.
 * `cst`: the CST paper's protocol with the paper's stacked projections (no
   parameter rule applies there).
 """

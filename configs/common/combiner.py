@@ -6,10 +6,10 @@ blocks at the task's length, the paper's numbers); this docstring holds what
 applies to every task.
 
 Combiner's LRA protocol: the official LRA config with the attention swapped
-(paper §5.2.1; PROTOCOL §5, §9). No extra parameters, so the model matches the
-LRA Transformer's count. The paper does not state its LRA hardware or block
-sizes (Appendix E is missing). The `xiong` and `cst` options of base.py apply
-as for any mechanism.
+(paper §5.2.1; docs/protocol.md §5, §9). No extra parameters, so the model
+matches the LRA Transformer's count. The paper does not state its LRA hardware
+or block sizes (Appendix E is missing). The `xiong` and `cst` options of base.py
+apply as for any mechanism.
 
 Combiner-Fixed: the block size is the default power of two nearest to
 sqrt(N), computed from the input length N (CLS included).
@@ -17,10 +17,10 @@ sqrt(N), computed from the input length N (CLS included).
 Combiner-Axial: the paper does not say which axial plan it used on LRA. We
 use 'vertical' (direct own row and column, column spans above and below,
 max-pooled): the official code's 'rowmajor' adds two projections and a
-LayerNorm per layer, which breaks the 110% parameter budget (PROTOCOL §10.2)
-on ListOps, Text, Retrieval and Pathfinder (+23%, +15%, +12%, +16%). The row
-length is the default power of two nearest to sqrt(N), except on image tasks,
-whose configs set it to the image width so that image rows are grid rows.
+LayerNorm per layer, which breaks the 110% parameter budget (docs/protocol.md
+§10.2) on ListOps, Text, Retrieval and Pathfinder (+23%, +15%, +12%, +16%). The
+row length is the default power of two nearest to sqrt(N), except on image
+tasks, whose configs set it to the image width so that image rows are grid rows.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-r"""Composite Slice Attention (`cst`, ATTENTIONS §1): settings of every task.
+r"""Composite Slice Attention (`cst`): settings of every task.
 
 Each `configs/<task>/cst.py` calls `apply` on its task's base config and
 states only what is task-specific (slice counts, the paper's numbers); this
 docstring holds what applies to every task.
 
-Knobs (lra_msmra/attention/cst.py lists every choice): the paper's main
+Knobs (docs/mechanisms/cst.md explains every choice): the paper's main
 setting (Table 1), slices of L = 8 tokens without extension (alpha = 1),
 local attention inside each slice, then global attention over the slice
 means, one set of Q/K/V/O projections for both (A.3), and MS-VIPE position
@@ -12,10 +12,10 @@ tables added inside every layer (Section 4.2), which replace the input
 position embedding (`model.pos_emb = 'none'`).
 
 Without an option (the official LRA config with only the attention swapped)
-the model stays within 110% of the LRA Transformer's parameters (PROTOCOL
-§10.2, checked by tests/test_configs.py).
+the model stays within 110% of the LRA Transformer's parameters
+(docs/protocol.md §10.2, checked by tests/test_configs.py).
 
-`:cst`: the CST paper's setup (Table 6, ATTENTIONS §1.7). Its numbers come
+`:cst`: the CST paper's setup (Table 6, docs/protocol.md §9.1). Its numbers come
 from its PyTorch port on one V100 (Table 1), with L = 8 (`cst.py`) and
 L = 16 (`cst_l16.py`). It picks the learning rate on validation from
 {0.5, 1, 2} x the one its task's base.py sets

@@ -15,17 +15,19 @@ protocol option, `best`:
 
   (none)      the official LRA config with the attention swapped, at
               (w, r) = (8, 32) unless the task needs a smaller r to stay
-              within 110% of the LRA Transformer's parameters (PROTOCOL §11).
+              within 110% of the LRA Transformer's parameters (docs/protocol.md
+              §11).
   xiong       the paper's protocol: the Xiong et al. model and schedule
-              (PROTOCOL §8), at (w, r) = (8, 32), with the changes of the
-              task's official script where one exists. Paper Table 1 numbers
+              (docs/protocol.md §8), at (w, r) = (8, 32), with the changes of
+              the task's official script where one exists. Paper Table 1 numbers
               are means of 4 seeds on V100s with PyTorch fp16 autocast. The
               paper pools with a CLS token that joins the last layer only; we
               use the protocol's mean pooling.
   xiong,best  the paper's best setting of the task, from the official
-              script's comments (ATTENTIONS §2.6). For the image tasks those
-              settings are in the paper's Appendix B/C (Table 7), which we do
-              not have, and no official script exists: `best` is an error.
+              script's comments (docs/mechanisms/long_short.md §9). For the
+              image tasks those settings are in the paper's Appendix B/C
+              (Table 7), which we do not have, and no official script exists:
+              `best` is an error.
   cst         the CST paper's protocol. Its re-run of Transformer-LS searched
               w in {8, 16, 32} and r in {32, 64} without saying which won; we
               keep (8, 32).

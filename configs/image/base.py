@@ -1,4 +1,4 @@
-r"""Image (sequential grayscale CIFAR-10) base config: official LRA (PROTOCOL §5.4).
+r"""Image base config: the official LRA setup (docs/protocol.md §5.4).
 
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
@@ -6,14 +6,15 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
---out /path/to/prepared` (or any TFDS data dir with `cifar10`); left empty,
-generated images are served through tfds.testing.mock_data.
+--out /path/to/prepared` (or any TFDS data dir with `cifar10`); with
+`data.generate=True` (the `runlocal` option), mock images are served through
+tfds.testing.mock_data.
 
 Pixels (0..255, grayscale exactly as TF's rgb_to_grayscale, P22) are tokens,
 row-major, 1024 per image; black pixels count as padding as in LRA (P8,
 `model.mask_padding`). LRA evaluates 39 batches of a 5000-image validation
 split that only has 19 (P15); we evaluate the whole split.
-LRA reports 42.44% for the Transformer (PROTOCOL §10.1).
+LRA reports 42.44% for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections
@@ -33,9 +34,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # 'batches': LRA shuffles whole batches of 256 consecutive images (P10);
   # 'examples': reshuffle images every epoch (the xiong and cst options).
   c.data.shuffle = 'batches'
-  # Used only when data_dir is empty: generated images served through
+  # True: mock examples in the task's real format instead of data_dir, for
+  # plumbing checks only (`runlocal` sets it); results record them as
+  # 'mock' and never list them beside published numbers.
+  c.data.generate = False
+  # Mock data: generated images served through
   # tfds.testing.mock_data, as many as CIFAR-10 has.
-  c.data.generate = ml_collections.ConfigDict(dict(
+  c.data.generator = ml_collections.ConfigDict(dict(
       num_train=50000, num_test=10000, seed=0))
 
   m = c.model
@@ -66,5 +71,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.data.shuffle = 'examples'
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
-    c.data.generate.num_train, c.data.generate.num_test = 2000, 500
+    c.data.generator.num_train, c.data.generator.num_test = 2000, 500
   return c

@@ -6,7 +6,8 @@ r"""Image with Combiner-Axial (arXiv:2107.05768).
 `row_length=32`, so image rows are grid rows; with CLS pooling the CLS token
 ends an extra first row (`num_prefix_tokens=1`): a 33 x 32 grid. Without CLS
 (the `xiong` and `cst` options pool by mean) the grid is 32 x 32. The paper
-reports 41.33 for Combiner-Axial (its Transformer: 42.44; ATTENTIONS §7.4).
+reports 41.33 for Combiner-Axial (its Transformer: 42.44;
+docs/mechanisms/combiner.md §10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the axial
 plan: configs/common/combiner.py.

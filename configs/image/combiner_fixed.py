@@ -5,7 +5,7 @@ r"""Image with Combiner-Fixed (arXiv:2107.05768).
 
 Default block size: 1025 tokens (CLS + 1024 pixels) -> s = 32, 33 blocks
 (padded to 1056). The paper reports 41.67 for Combiner-Fixed (its Transformer:
-42.44; ATTENTIONS §7.4).
+42.44; docs/mechanisms/combiner.md §10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the block
 size: configs/common/combiner.py.

@@ -3,7 +3,7 @@ r"""Image (sequential CIFAR-10) with Composite Slice Attention (`cst`).
   python -m lra_msmra.main --config configs/image/cst.py:runlocal \
       --workdir /tmp/image_cst
 
-Without an option: the official LRA config (PROTOCOL §5.4) with only the
+Without an option: the official LRA config (docs/protocol.md §5.4) with only the
 attention swapped. 1024 pixels plus CLS are padded inside each layer to 1032
 (129 slices of 8, i.e. 8-pixel pieces of image rows). MS-VIPE replaces the
 learned input position table, so the model is smaller than the LRA

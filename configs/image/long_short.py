@@ -8,7 +8,7 @@ Options (comma-separated): those of base.py (`runlocal`, `xiong`, `cst`);
 configs/common/long_short.py.
 
   (none)  (w, r) = (8, 16): 265,098 parameters, 106.7% of the LRA
-          Transformer's (PROTOCOL §11). r = 16 instead of 32 keeps the
+          Transformer's (docs/protocol.md §11). r = 16 instead of 32 keeps the
           parameter count within 110% of the LRA Transformer's: W^P adds
           128 x 8 heads x r weights to a 248,458-parameter model.
   xiong   the paper's fixed setting (w, r) = (8, 32); no official script

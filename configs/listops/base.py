@@ -1,17 +1,17 @@
-r"""ListOps base config: the official LRA setup (PROTOCOL §5.1).
+r"""ListOps base config: the official LRA setup (docs/protocol.md §5.1).
 
 Options after the file name (comma-separated):
   runlocal  short generated expressions and a small model: a few minutes on
             a 2-core CPU, no data needed.
-  xiong     the PyTorch protocol of Xiong et al. (PROTOCOL §8).
-  cst       the CST paper's re-tuned protocol (ATTENTIONS §1.7).
+  xiong     the PyTorch protocol of Xiong et al. (docs/protocol.md §8).
+  cst       the CST paper's re-tuned protocol (docs/protocol.md §9.1).
 
 Official run (one host, any number of devices; batch sizes are global):
 
   python -m lra_msmra.main --config configs/listops/transformer.py \
       --config.data_dir=/path/to/lra_release/listops-1000 --workdir DIR
 
-LRA reports 36.37% test accuracy for the Transformer (PROTOCOL §10.1).
+LRA reports 36.37% test accuracy for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections
@@ -32,8 +32,11 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   c.data.max_length = 2000
   # Zero-pad inputs further to this length (0 = max_length).
   c.data.pad_to_length = 0
-  # Used only when data_dir is empty: LRA generator defaults, seeded.
-  c.data.generate = ml_collections.ConfigDict(dict(
+  # True: write the data with our seeded implementation of the LRA
+  # generator (settings below: the official ones) instead of reading
+  # data_dir. Results record the data as 'generated'.
+  c.data.generate = False
+  c.data.generator = ml_collections.ConfigDict(dict(
       num_train=96000, num_valid=2000, num_test=2000, min_length=500,
       max_length=2000, max_depth=10, max_args=10, seed=0))
 
@@ -65,7 +68,7 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     config_lib.apply_runlocal(c, max_length=100)
     # Short expressions (under 100 tokens, depth <= 4) so that a small model
     # learns beyond the majority class within minutes on a CPU.
-    c.data.generate = ml_collections.ConfigDict(dict(
+    c.data.generator = ml_collections.ConfigDict(dict(
         num_train=6000, num_valid=500, num_test=500, min_length=20,
         max_length=100, max_depth=4, max_args=5, seed=0))
     c.num_train_steps = 1500

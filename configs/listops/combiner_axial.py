@@ -4,7 +4,8 @@ r"""ListOps with Combiner-Axial (arXiv:2107.05768).
       --workdir /tmp/listops_combiner_axial
 
 Default row length: 2001 tokens -> a 63 x 32 grid (m = 32). The paper reports
-36.15 for Combiner-Axial (its Transformer: 36.38; ATTENTIONS §7.4).
+36.15 for Combiner-Axial (its Transformer: 36.38; docs/mechanisms/combiner.md
+§10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the axial
 plan: configs/common/combiner.py.

@@ -5,7 +5,7 @@ r"""ListOps with Combiner-Fixed (arXiv:2107.05768).
 
 Default block size: 2001 tokens (CLS + 2000) -> s = 32, 63 blocks (padded to
 2016). The paper reports 36.65 for Combiner-Fixed (its Transformer: 36.38;
-ATTENTIONS §7.4).
+docs/mechanisms/combiner.md §10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the block
 size: configs/common/combiner.py.

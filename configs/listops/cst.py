@@ -1,4 +1,4 @@
-r"""ListOps with Composite Slice Attention (`cst`, ATTENTIONS §1).
+r"""ListOps with Composite Slice Attention (`cst`, docs/mechanisms/cst.md).
 
   python -m lra_msmra.main --config configs/listops/cst.py:runlocal \
       --workdir /tmp/listops_cst
@@ -7,7 +7,7 @@ r"""ListOps with Composite Slice Attention (`cst`, ATTENTIONS §1).
 13 slices) reached 35.0% test accuracy against a majority-class rate of
 12.6% (the softmax Transformer: 34.8%), in about 4 minutes on a 2-core CPU.
 
-Without an option: the official LRA config (PROTOCOL §5.1) with only the
+Without an option: the official LRA config (docs/protocol.md §5.1) with only the
 attention swapped. 2000 tokens plus CLS are padded inside each layer to 2008
 (251 slices of 8). LRA reports 36.37% for the Transformer; no CST number
 exists for this protocol.

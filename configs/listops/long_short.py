@@ -7,7 +7,7 @@ Options (comma-separated): those of base.py (`runlocal`, `xiong`, `cst`) and
 `best`; what they mean for every task: configs/common/long_short.py.
 
   (none)      (w, r) = (8, 32): 9,481,226 parameters, 106.0% of the LRA
-              Transformer's (PROTOCOL §11).
+              Transformer's (docs/protocol.md §11).
   xiong       with the changes of the official script `lra/run_listops.sh`
               (dropout and attention dropout 0). Paper Table 1: 37.50.
   xiong,best  (w, r) = (16, 2): 38.36.

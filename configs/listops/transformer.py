@@ -3,8 +3,9 @@ r"""ListOps with the standard softmax Transformer (the LRA baseline).
   python -m lra_msmra.main --config configs/listops/transformer.py:runlocal \
       --workdir /tmp/listops_transformer
 
-Options: see base.py (`runlocal`, `xiong`, `cst`). Reference numbers: LRA
-36.37 (PROTOCOL §10.1), Xiong et al. 37.10 (§8.4), CST paper 39.92 (§9).
+Options: see base.py (`runlocal`, `xiong`, `cst`). Reference numbers
+(docs/protocol.md §10.1, §8.4 and §9.1): LRA 36.37, Xiong et al. 37.10, CST
+paper 39.92.
 """
 
 from lra_msmra import config_lib

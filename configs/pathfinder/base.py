@@ -1,4 +1,4 @@
-r"""Pathfinder (32x32, hard) base config: official LRA (PROTOCOL §5.5).
+r"""Pathfinder (32x32, hard) base config: official LRA (docs/protocol.md §5.5).
 
 Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
@@ -6,13 +6,14 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
-the release folder holding pathfinder32/ ... pathfinder256/); left empty, a
-small synthetic set in the release layout is generated.
+the release folder holding pathfinder32/ ... pathfinder256/); with
+`data.generate=True` (the `runlocal` option), a small mock set in the release
+layout is generated.
 
 `data.difficulty` picks curv_baseline ('easy'), curv_contour_length_9
 ('intermediate', used by the Combiner paper) or curv_contour_length_14
 ('hard', LRA's "Path"). MEAN pooling is unmasked as in LRA (P9).
-LRA reports 71.40% for the Transformer (PROTOCOL §10.1).
+LRA reports 71.40% for the Transformer (docs/protocol.md §10.1).
 """
 
 import ml_collections
@@ -34,9 +35,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # 'batches': LRA shuffles whole batches (buffer of 2048 batches, P10);
   # 'examples': reshuffle images every epoch (the xiong and cst options).
   c.data.shuffle = 'batches'
-  # Used only when data_dir is empty: synthetic images in the release
+  # True: mock examples in the task's real format instead of data_dir, for
+  # plumbing checks only (`runlocal` sets it); results record them as
+  # 'mock' and never list them beside published numbers.
+  c.data.generate = False
+  # Mock data: synthetic images in the release
   # layout, written to <workdir>/data/pathfinder.
-  c.data.generate = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
+  c.data.generator = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 4, 32, 4, 16, 32
@@ -66,5 +71,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.data.shuffle = 'examples'
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
-    c.data.generate.num_examples = 3000
+    c.data.generator.num_examples = 3000
   return c

@@ -6,9 +6,9 @@ r"""Pathfinder-inter with Combiner-Fixed: the setting of the Combiner paper.
 
 combiner_fixed.py with `data.difficulty = 'intermediate'`
 (curv_contour_length_9): the paper could not reproduce LRA's Pathfinder with
-the default setup and reran every baseline on this split (PROTOCOL §9). It
-reports 88.59 for Combiner-Fixed and 88.81 for the Transformer (ATTENTIONS
-§7.4).
+the default setup and reran every baseline on this split (docs/protocol.md §9).
+It reports 88.59 for Combiner-Fixed and 88.81 for the Transformer
+(docs/mechanisms/combiner.md §10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`).
 """

@@ -4,8 +4,8 @@ r"""Path-X (Pathfinder 128x128) with AdaMRA attention (arXiv:2108.04962).
       --workdir /tmp/pathx_adamra
 
 Options: `runlocal` (see base.py). Neither the paper nor Xiong et al. define
-Path-X; every model of the LRA paper FAILs it (PROTOCOL §10.1). The knobs:
-configs/common/adamra.py.
+Path-X; every model of the LRA paper FAILs it (docs/protocol.md §10.1). The
+knobs: configs/common/adamra.py.
 
 16384 pixels are a multiple of 32. Projections `'stacked'`: the learned
 position table dominates, so the paper's stacked per-head projections fit

@@ -1,4 +1,4 @@
-r"""Path-X (Pathfinder 128x128, hard) base config: official LRA (PROTOCOL §5.6).
+r"""Path-X base config: the official LRA setup (docs/protocol.md §5.6).
 
 Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
 
@@ -6,8 +6,9 @@ Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
       --config.data_dir=/path/to/prepared --workdir DIR
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
-the release folder holding pathfinder32/ ... pathfinder256/); left empty, a
-small synthetic set in the release layout is generated.
+the release folder holding pathfinder32/ ... pathfinder256/); with
+`data.generate=True` (the `runlocal` option), a small mock set in the release
+layout is generated.
 
 16384 tokens per image; every model of the LRA paper FAILs (chance level).
 Full softmax attention at this length needs a large accelerator.
@@ -32,9 +33,13 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # 'batches': LRA shuffles whole batches (buffer of 2048 batches, P10);
   # 'examples': reshuffle images every epoch.
   c.data.shuffle = 'batches'
-  # Used only when data_dir is empty: synthetic images in the release
+  # True: mock examples in the task's real format instead of data_dir, for
+  # plumbing checks only (`runlocal` sets it); results record them as
+  # 'mock' and never list them beside published numbers.
+  c.data.generate = False
+  # Mock data: synthetic images in the release
   # layout, written to <workdir>/data/pathfinder.
-  c.data.generate = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
+  c.data.generator = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 1, 32, 2, 16, 32
@@ -57,5 +62,5 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # 16384 tokens per image do not fit a CPU run: runlocal uses 32x32
     # images (generated, or the pathfinder32 folder of data_dir).
     c.data.resolution = 32
-    c.data.generate.num_examples = 3000
+    c.data.generator.num_examples = 3000
   return c

@@ -5,7 +5,7 @@ r"""Path-X with Combiner-Axial (arXiv:2107.05768).
 
 `row_length=128`, so image rows are grid rows: a 128 x 128 grid (MEAN
 pooling, no CLS). The paper does not report Path-X; every model of the LRA
-paper FAILs it (PROTOCOL §10.1).
+paper FAILs it (docs/protocol.md §10.1).
 
 Options: `runlocal`. The protocol and the axial plan:
 configs/common/combiner.py.

@@ -4,7 +4,8 @@ r"""Path-X with Combiner-Fixed (arXiv:2107.05768).
       --workdir /tmp/pathx_combiner_fixed
 
 Default block size: 16384 pixels (no CLS) -> s = 128, 128 blocks. The paper
-does not report Path-X; every model of the LRA paper FAILs it (PROTOCOL §10.1).
+does not report Path-X; every model of the LRA paper FAILs it (docs/protocol.md
+§10.1).
 
 Options: `runlocal`. The protocol and the block size:
 configs/common/combiner.py.

@@ -5,8 +5,8 @@ r"""Path-X with Transformer-LS attention (`long_short`, arXiv:2107.02192).
 
 Options: `runlocal`. The official LRA config with the attention swapped, at
 the paper's fixed LRA setting (w, r) = (8, 32): 540,066 parameters, 100.4% of
-the LRA Transformer's (PROTOCOL §11). The paper does not report Path-X. The
-knobs: configs/common/long_short.py.
+the LRA Transformer's (docs/protocol.md §11). The paper does not report Path-X.
+The knobs: configs/common/long_short.py.
 """
 
 from lra_msmra import config_lib

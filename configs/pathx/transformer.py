@@ -4,7 +4,7 @@ r"""Path-X with the standard softmax Transformer (the LRA baseline).
       --workdir /tmp/pathx_transformer
 
 Options: `runlocal`. Every model of the LRA paper, this one included, FAILs
-(PROTOCOL §10.1).
+(docs/protocol.md §10.1).
 """
 
 from lra_msmra import config_lib

@@ -5,7 +5,8 @@ r"""Retrieval with Combiner-Axial (arXiv:2107.05768).
       --workdir /tmp/retrieval_combiner_axial
 
 Default row length: 4000 tokens -> a 63 x 64 grid (m = 64). The paper reports
-56.10 for Combiner-Axial (its Transformer: 57.46; ATTENTIONS §7.4).
+56.10 for Combiner-Axial (its Transformer: 57.46; docs/mechanisms/combiner.md
+§10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the axial
 plan: configs/common/combiner.py.

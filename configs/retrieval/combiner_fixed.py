@@ -6,7 +6,7 @@ r"""Retrieval with Combiner-Fixed (arXiv:2107.05768).
 
 Default block size: 4000 tokens per document (no CLS) -> s = 64, 63 blocks
 (padded to 4032). The paper reports 59.81 for Combiner-Fixed (its Transformer:
-57.46; ATTENTIONS §7.4).
+57.46; docs/mechanisms/combiner.md §10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the block
 size: configs/common/combiner.py.

@@ -3,7 +3,7 @@ r"""Retrieval (byte-level AAN) with Composite Slice Attention (`cst`).
   python -m lra_msmra.main --config configs/retrieval/cst.py:runlocal \
       --workdir /tmp/retrieval_cst
 
-Without an option: the official LRA config (PROTOCOL §5.3) with only the
+Without an option: the official LRA config (docs/protocol.md §5.3) with only the
 attention swapped. Each document of 4000 bytes is 500 slices of 8 (the dual
 encoder has no CLS token). LRA reports 57.46% for the Transformer; no CST
 number exists for this protocol.

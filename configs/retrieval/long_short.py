@@ -7,7 +7,7 @@ Options (comma-separated): those of base.py (`runlocal`, `xiong`, `cst`) and
 `best`; what they mean for every task: configs/common/long_short.py.
 
   (none)      (w, r) = (8, 32): 1,155,202 parameters, 106.2% of the LRA
-              Transformer's (PROTOCOL §11).
+              Transformer's (docs/protocol.md §11).
   xiong       with the changes of the official script `lra/run_retrieval.sh`
               (weight decay 0.01, 8000 warmup steps, the "more warmup steps"
               of paper §4.1, and documents cut at 4096 bytes). Paper Table 1:

@@ -4,7 +4,8 @@ r"""Text with Combiner-Axial (arXiv:2107.05768).
       --workdir /tmp/text_combiner_axial
 
 Default row length: 1001 tokens -> a 32 x 32 grid (m = 32). The paper reports
-64.36 for Combiner-Axial (its Transformer: 64.27; ATTENTIONS §7.4).
+64.36 for Combiner-Axial (its Transformer: 64.27; docs/mechanisms/combiner.md
+§10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the axial
 plan: configs/common/combiner.py.

@@ -5,7 +5,7 @@ r"""Text with Combiner-Fixed (arXiv:2107.05768).
 
 Default block size: 1001 tokens (CLS + 1000) -> s = 32, 32 blocks (padded to
 1024). The paper reports 64.99 for Combiner-Fixed (its Transformer: 64.27;
-ATTENTIONS §7.4).
+docs/mechanisms/combiner.md §10).
 
 Options: see base.py (`runlocal`, `xiong`, `cst`). The protocol and the block
 size: configs/common/combiner.py.

@@ -3,7 +3,7 @@ r"""Text (byte-level IMDb) with Composite Slice Attention (`cst`).
   python -m lra_msmra.main --config configs/text/cst.py:runlocal \
       --workdir /tmp/text_cst
 
-Without an option: the official LRA config (PROTOCOL §5.2) with only the
+Without an option: the official LRA config (docs/protocol.md §5.2) with only the
 attention swapped. 1000 bytes plus CLS are padded inside each layer to 1008
 (126 slices of 8). LRA reports 64.27% for the Transformer; no CST number
 exists for this protocol.

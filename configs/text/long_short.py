@@ -7,7 +7,7 @@ Options (comma-separated): those of base.py (`runlocal`, `xiong`, `cst`) and
 `best`; what they mean for every task: configs/common/long_short.py.
 
   (none)      (w, r) = (8, 32): 3,621,890 parameters, 103.9% of the LRA
-              Transformer's (PROTOCOL §11).
+              Transformer's (docs/protocol.md §11).
   xiong       4000 bytes padded to 4096, with the changes of the official
               script `lra/run_text.sh` (dropout and attention dropout 0,
               weight decay 0.01). Paper Table 1: 66.01.

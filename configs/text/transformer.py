@@ -3,8 +3,9 @@ r"""Text with the standard softmax Transformer (the LRA baseline).
   python -m lra_msmra.main --config configs/text/transformer.py:runlocal \
       --workdir /tmp/text_transformer
 
-Options: see base.py (`runlocal`, `xiong`, `cst`). Reference numbers: LRA
-64.27 (PROTOCOL §10.1), Xiong et al. 65.02 (§8.4), CST paper 64.20 (§9).
+Options: see base.py (`runlocal`, `xiong`, `cst`). Reference numbers
+(docs/protocol.md §10.1, §8.4 and §9.1): LRA 64.27, Xiong et al. 65.02, CST
+paper 64.20.
 """
 
 from lra_msmra import config_lib

@@ -23,7 +23,7 @@ Time and memory are linear in N: no array has two axes of size ~N (the
 largest are `[batch, length, S, head_dim]`, the size of an activation).
 
 Choices where the paper is silent, or where we depart from it
-(ATTENTIONS §3.8):
+(docs/mechanisms/adamra.md §3):
 
 * Heads. `num_heads` (the contract field) is S, the number of subheads per
   resolution head, so `head_dim = qkv_features / num_heads` = d_k = d_v as in

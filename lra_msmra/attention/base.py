@@ -28,7 +28,8 @@ import jax.numpy as jnp
 Array = jax.Array
 Dtype = Any
 
-# Logit bias of a masked entry in the LRA reference attention (PROTOCOL §3.1).
+# Logit bias of a masked entry in the LRA reference attention
+# (docs/protocol.md §3.1).
 LRA_MASK_BIAS = -1e10
 
 

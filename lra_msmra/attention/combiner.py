@@ -24,8 +24,8 @@ DeepSets `'deepset-max'` / `'deepset-mean'` (phi(x) = ReLU(x W), W in R^{dxd},
 no bias, shared by the heads, one W for queries and one for keys, then the
 max or mean over the span, as the TF `pooling_summary`).
 
-`variant` picks the partition (ATTENTIONS §4.2), each in LM (`causal=True`)
-and MLM (bidirectional) form. Positions are 0-based.
+`variant` picks the partition (docs/mechanisms/combiner.md §2.2), each in LM
+(`causal=True`) and MLM (bidirectional) form. Positions are 0-based.
 
 * `'fixed'` (paper §4.1, Eq. 10). Blocks of `block_size` s. MLM: direct = own
   block, spans = every other block. LM: direct = own block up to i, spans =
@@ -63,7 +63,8 @@ and MLM (bidirectional) form. Positions are 0-based.
 * `'learnable'` (routing, paper §4.4) has no official code and is not built:
   asking for it raises NotImplementedError.
 
-Padding and lengths (absent from the official code; ATTENTIONS §4.4):
+Padding and lengths (absent from the official code; docs/mechanisms/combiner.md
+§5):
 
 * inputs at padded positions are zeroed before the projections, so nothing
   downstream can read a padded token's content;
@@ -84,8 +85,8 @@ Padding and lengths (absent from the official code; ATTENTIONS §4.4):
 Other choices where the paper and code are silent or differ:
 
 * block size and row length default to the power of two nearest to sqrt(N)
-  on a log scale, halfway rounding up (ATTENTIONS §4.5 proposal; N = 1025 or
-  2001 -> 32, 2048 or 4000 -> 64); the code uses fixed `max_seg_len` values
+  on a log scale, halfway rounding up (docs/mechanisms/combiner.md §3; N = 1025
+  or 2001 -> 32, 2048 or 4000 -> 64); the code uses fixed `max_seg_len` values
   (32 JAX, 128 TF) and requires N % s == 0.
 * logsparse uses ceil(log2 N) levels. The JAX code's ceil(log2(N-1)) drops
   the last position's top span when N = 2^k + 1.

@@ -46,7 +46,8 @@ H-Transformer-1D) and 'global_first'; `aggregation` 'max' and 'linear';
 `share_local_global=False` for separate global projections. 'local_only'
 (no global branch: block-local attention with extension) is a diagnostic.
 
-Choices we made where the paper is silent (ATTENTIONS §1.9 numbers these):
+Choices we made where the paper is silent (docs/mechanisms/cst.md §3 numbers
+these):
 
 * W_o and weight sharing (A.3 shares W_q, W_k, W_v between the local and
   global attentions and never mentions W_o): one multi-head attention,
@@ -367,7 +368,7 @@ class CompositeSliceAttention(base.Attention):
           out_features, use_bias=self.use_bias, kernel_init=self.kernel_init,
           bias_init=self.bias_init, dtype=self.dtype,
           param_dtype=jnp.float32, name='resize')(y)
-    # Padded queries are inert (ATTENTIONS §0.3).
+    # Padded queries are inert (docs/mechanisms/softmax.md §3).
     y = jnp.where(mask[..., None], y, jnp.zeros((), y.dtype))
     return y[:, :length]
 

@@ -84,7 +84,7 @@ Where we depart from both, or where they are silent:
   positions come from the encoder. Padded positions are masked in the window
   and in each chunk's P; a chunk with no real token is not attended.
 * `normalize_before_compress` exposes the one pre-/post-LN difference
-  between the two official codes as a flag (ATTENTIONS §2.8 item 3).
+  between the two official codes as a flag (docs/mechanisms/long_short.md §4.3).
 * The convolution has no causal form in the official code; with
   `causal=True` it raises `NotImplementedError`.
 

@@ -3,7 +3,7 @@
 This is the baseline every efficient mechanism is compared with, and the
 reference the tests compare them against. It follows the attention of the LRA
 Transformer (google-research/long-range-arena, `models/transformer`, via the
-old `flax.nn.attention`), PROTOCOL §3.1:
+old `flax.nn.attention`), docs/protocol.md §3.1:
 
 * Q, K, V and output projections, Xavier-uniform kernels, no biases by default;
 * queries divided by sqrt(head_dim);

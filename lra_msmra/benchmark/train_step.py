@@ -37,11 +37,11 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from lra_msmra import config_lib
 from lra_msmra.benchmark import common
 
 MODULE = 'lra_msmra.benchmark.train_step'
 # Registry names whose config file has another name.
-CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
 DEFAULT_MECHANISMS = 'softmax,cst,long_short,adamra,combiner'
 DEFAULT_LENGTHS = '1024,2048,3072,4096'
 CONFIG_ROOT = os.path.join(
@@ -51,7 +51,7 @@ CONFIG_ROOT = os.path.join(
 
 def config_path(config_dir: str, task: str, name: str) -> str:
   """The config file a mechanism name stands for (raises if absent)."""
-  stem = CONFIG_ALIASES.get(name, name)
+  stem = config_lib.CONFIG_ALIASES.get(name, name)
   path = os.path.join(config_dir, task, stem + '.py')
   if not os.path.exists(path):
     folder = os.path.join(config_dir, task)
@@ -60,7 +60,7 @@ def config_path(config_dir: str, task: str, name: str) -> str:
                          os.path.isdir(folder)) else []
     raise ValueError(f'No config {path} for {name!r}; choose one of '
                      f'{options} or a registry name with an alias '
-                     f'{sorted(CONFIG_ALIASES)}.')
+                     f'{sorted(config_lib.CONFIG_ALIASES)}.')
   return path
 
 

@@ -11,27 +11,34 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lra_msmra import config_lib
 from lra_msmra.data.pipeline import TaskData
 
-# Task name -> module under lra_msmra.data with get_datasets(config, workdir).
-TASKS = {
-    'listops': 'listops',
-    'text': 'text',
-    'retrieval': 'retrieval',
-    'image': 'image',
-    'pathfinder': 'pathfinder',
-    'pathx': 'pathfinder',
-}
+# Task name (config_lib.TASKS) -> module under lra_msmra.data with
+# get_datasets(config, workdir); Path-X is Pathfinder at 128x128.
+MODULES = {task: 'pathfinder' if task == 'pathx' else task
+           for task in config_lib.TASKS}
 
 
 def _task_module(config: Any):
-  if config.task not in TASKS:
-    raise ValueError(f'Unknown task {config.task!r}; valid: {sorted(TASKS)}.')
-  return importlib.import_module(f'lra_msmra.data.{TASKS[config.task]}')
+  if config.task not in MODULES:
+    raise ValueError(f'Unknown task {config.task!r}; valid: '
+                     f'{list(config_lib.TASKS)}.')
+  return importlib.import_module(f'lra_msmra.data.{MODULES[config.task]}')
+
+
+def data_source(config: Any) -> str:
+  """'release', 'generated' or 'mock' (see `pipeline.DATA_SOURCES`); raises,
+  saying how to prepare the data, when a config names no source."""
+  return _task_module(config).TASK.source(config)
 
 
 def get_datasets(config: Any, workdir: str) -> TaskData:
-  """Returns the splits of `config.task`; `workdir` holds generated data."""
+  """Returns the splits of `config.task`; `workdir` holds generated data.
+
+  `notes['data_source']` says where the examples come from (see
+  `data_source`).
+  """
   return _task_module(config).get_datasets(config, workdir)
 
 
@@ -45,4 +52,5 @@ def get_model_spec(config: Any) -> dict[str, Any]:
   return _task_module(config).get_model_spec(config)
 
 
-__all__ = ['TASKS', 'TaskData', 'get_datasets', 'get_model_spec']
+__all__ = ['MODULES', 'TaskData', 'data_source', 'get_datasets',
+           'get_model_spec']

@@ -1,4 +1,4 @@
-"""Image: sequential grayscale CIFAR-10 (PROTOCOL §5.4).
+"""Image: sequential grayscale CIFAR-10 (docs/protocol.md §5.4).
 
 As LRA (`image/input_pipeline.py`, `get_cifar10_datasets`):
 
@@ -22,14 +22,15 @@ Where we differ: LRA evaluates whole batches only (`drop_remainder`: 9,984
 test images, and 39 validation batches of a split that has 19, P15); we
 evaluate every image once.
 
-Without `config.data_dir` (runlocal, tests) the same `tfds.load` path reads
-generated images through `tfds.testing.mock_data` (`synthetic_images`).
+With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path
+reads generated images through `tfds.testing.mock_data` (`synthetic_images`).
 
 config.data keys:
   pad_to_length: zero-pad the 1024 tokens further to this length (0 = none;
     the xiong option sets 1024, a no-op kept for its uniform config).
   shuffle: 'batches' (LRA) or 'examples'.
-  generate: {num_train, num_test, seed}, used only without data_dir; the
+  generate: True for mock images instead of data_dir (see DATA_SOURCES).
+  generator: {num_train, num_test, seed}, used only with generate; the
     generated `train` split is sliced 90/10 like the real one.
 """
 
@@ -47,8 +48,6 @@ NUM_CLASSES = 10
 SIDE = 32
 TFDS_NAME = 'cifar10'
 SPLITS = {'train': 'train[:90%]', 'eval': 'train[90%:]', 'test': 'test'}
-DATA_KEYS = {'pad_to_length', 'shuffle', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_test', 'seed'}
 # Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
 BATCH_SHUFFLE_WINDOW = 256
 # ITU-R 601 luma weights as TensorFlow writes them (they sum to 0.9999).
@@ -98,20 +97,19 @@ def synthetic_images(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   return np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int64)
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('image', data, DATA_KEYS, GENERATE_KEYS)
-  pipeline.check_length(data, SIDE * SIDE)
+TASK = pipeline.Task(
+    name='image', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'pad_to_length', 'shuffle'}),
+    generator_keys=frozenset({'num_test', 'num_train', 'seed'}),
+    synthetic='mock',
+    prepare=('download CIFAR-10 through TFDS once with `python -m '
+             'lra_msmra.data.prepare --tfds --out DIR`'),
+    length=lambda data: SIDE * SIDE)
+get_model_spec = TASK.model_spec
 
 
-def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """Reads the three splits through `tfds.load` (mocked without data_dir)."""
-  specs = tuple(SPLITS.values())
-  fields = ('image', 'label')
-  if config.data_dir:
-    tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
-    return tfds_io.load(TFDS_NAME, specs, tfds_dir, fields), (
-        f'tfds {TFDS_NAME} in {tfds_dir}')
-  gen = config.data.generate
+def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   examples = {}
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
@@ -119,44 +117,31 @@ def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
     ids = np.array([f'{split}_{k:05d}'.encode() for k in range(num)],
                    dtype=object)
     examples[split] = {'image': images, 'label': labels, 'id': ids}
-  with tfds_io.mock(examples):
-    data = tfds_io.load(TFDS_NAME, specs, None, fields)
-  return data, f'generated images served as tfds {TFDS_NAME} (mock_data)'
+  return examples
 
 
 def _source(split: dict[str, np.ndarray], spec: str, length: int
             ) -> pipeline.ArraySource:
-  images, labels = split['image'], split['label'].astype(np.int32)
+  images = split['image']
+  labels = pipeline.check_labels(split['label'], NUM_CLASSES,
+                                 f'{TFDS_NAME} {spec}')
   if images.ndim != 4 or images.shape[1:] != (SIDE, SIDE, 3):
     raise ValueError(f'{TFDS_NAME} {spec}: expected images [n, {SIDE}, '
                      f'{SIDE}, 3], got {images.shape}.')
-  bad = np.flatnonzero((labels < 0) | (labels >= NUM_CLASSES))
-  if bad.size:
-    raise ValueError(f'{TFDS_NAME} {spec}: label {labels[bad[0]]} of example '
-                     f'{bad[0]} is outside 0..{NUM_CLASSES - 1}.')
   tokens = pipeline.pad_or_truncate(
       rgb_to_grayscale(images).reshape(len(images), SIDE * SIDE), length,
       np.uint8)
   return pipeline.ArraySource({'inputs': tokens, 'targets': labels})
 
 
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or SIDE * SIDE, 'dual': False}
-
-
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
-  """The CIFAR-10 splits for `config` (see the module docstring).
-
-  Args:
-    config: the run config; `config.data` as in the module docstring.
-    workdir: unused (nothing is generated on disk).
-  """
+  """The CIFAR-10 splits for `config` (module docstring); TFDS keeps its
+  files, so `workdir` is not used."""
   del workdir
-  _check_data_config(config.data)
-  data, origin = _load(config)
-  length = config.data.pad_to_length or SIDE * SIDE
+  source, length = TASK.begin(config)
+  data, origin = tfds_io.load_or_mock(
+      TFDS_NAME, tuple(SPLITS.values()), ('image', 'label'), config,
+      lambda: _mock_examples(config.data.generator))
   splits = {name: _source(data[spec], spec, length)
             for name, spec in SPLITS.items()}
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,
@@ -164,7 +149,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   zero = float(np.mean(splits['test'].arrays['inputs'] == 0))
   notes = {
       'data': origin,
-      'generated': not config.data_dir,
+      'data_source': source,
       'splits': dict(SPLITS),
       'grayscale': 'tf.image.rgb_to_grayscale, bit-exact (P22)',
       'test_fraction_zero_pixels': zero,

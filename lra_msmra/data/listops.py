@@ -1,6 +1,6 @@
 """ListOps: the LRA generator algorithm and a reader of the released TSVs.
 
-Generator (PROTOCOL §6): the LRA tree sampler (`lra_benchmarks/data/
+Generator (docs/protocol.md §6): the LRA tree sampler (`lra_benchmarks/data/
 listops.py`) with the same random draws in the same order, the same
 serialisation and the same label semantics (MED = int(numpy.median), SM = sum
 mod 10), writing the official format: `{task}_{train,val,test}.tsv`, a header
@@ -8,8 +8,8 @@ mod 10), writing the official format: `{task}_{train,val,test}.tsv`, a header
 sampled trees in sampling order instead of Python set order, so a seed always
 gives the same files.
 
-Reader (PROTOCOL §5.1): `]` becomes `X`, parentheses are dropped, tokens are
-split on whitespace and mapped through a fixed, sorted vocabulary, so token
+Reader (docs/protocol.md §5.1): `]` becomes `X`, parentheses are dropped, tokens
+are split on whitespace and mapped through a fixed, sorted vocabulary, so token
 ids never depend on the process (fixes P6). Ids 1..15 are the 15 symbols, 0 is
 padding and 16 is the out-of-vocabulary id LRA's encoder reserves, giving LRA's
 vocabulary size of 17; our reader rejects unknown tokens instead of mapping
@@ -23,7 +23,7 @@ Command line (writes the three files)::
 from __future__ import annotations
 
 import csv
-import json
+import gzip
 import os
 import random
 import sys
@@ -49,10 +49,6 @@ SPLITS = ('train', 'val', 'test')
 HEADER = ['Source', 'Target']
 
 Tree = Union[int, str, tuple]
-DATA_KEYS = {'task_name', 'max_length', 'pad_to_length', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_valid', 'num_test', 'min_length',
-                 'max_length', 'max_depth', 'max_args', 'seed'}
-
 
 # ----------------------------------------------------------------- generator
 
@@ -219,9 +215,6 @@ def write_tsv(path: str, rows: list[tuple[str, int]]) -> None:
   os.replace(tmp, path)
 
 
-STAMP_FILE = 'generator.json'
-
-
 def label_histogram(rows: list[tuple[str, int]]) -> list[int]:
   counts = [0] * NUM_CLASSES
   for _, label in rows:
@@ -232,48 +225,51 @@ def label_histogram(rows: list[tuple[str, int]]) -> list[int]:
 def generate_dataset(output_dir: str, *, num_train: int = 96000,
                      num_valid: int = 2000, num_test: int = 2000,
                      task_name: str = 'basic', **kwargs) -> dict[str, str]:
-  """Writes `{task_name}_{train,val,test}.tsv` and `generator.json`.
+  """Writes `{task_name}_{train,val,test}.tsv` once; returns their paths.
 
-  `generator.json` records the generator settings (seed included), the
-  generation time, and per split the example count, label histogram and
-  token-length range; it is written last, so its presence means the three
-  files are complete. Readers use it to record the data as generated.
-  Returns the paths of the three files.
+  `generator.json` (written last, see `pipeline.generate_once`) records the
+  generator settings, seed included, and the generation time and, per
+  split, the example count, label histogram and token-length range. A
+  folder that already holds the data of these settings is left as it is.
+  Readers use the stamp to record the data as generated.
   """
-  os.makedirs(output_dir, exist_ok=True)
-  start = time.time()
-  examples = generate_examples(num_train + num_valid + num_test, **kwargs)
-  cuts = {'train': examples[:num_train],
-          'val': examples[num_train:num_train + num_valid],
-          'test': examples[num_train + num_valid:]}
-  seconds = time.time() - start
-  paths, splits = {}, {}
-  for split, rows in cuts.items():
-    paths[split] = os.path.join(output_dir, f'{task_name}_{split}.tsv')
-    write_tsv(paths[split], rows)
-    lengths = [len(tokenize(source)) for source, _ in rows]
-    splits[split] = {'examples': len(rows),
-                     'label_histogram': label_histogram(rows),
-                     'min_tokens': min(lengths), 'max_tokens': max(lengths),
-                     'mean_tokens': round(sum(lengths) / len(lengths), 1)}
-  settings = dict(num_train=num_train, num_valid=num_valid, num_test=num_test,
-                  **kwargs)
-  stamp = {'settings': settings, 'task_name': task_name,
-           'generation_seconds': round(seconds, 1), 'splits': splits}
-  tmp = os.path.join(output_dir, f'{STAMP_FILE}.tmp{os.getpid()}')
-  with open(tmp, 'w') as f:
-    json.dump(stamp, f, indent=1)
-  os.replace(tmp, os.path.join(output_dir, STAMP_FILE))
+  settings = dict(num_train=num_train, num_valid=num_valid,
+                  num_test=num_test, **kwargs)
+  paths = {split: os.path.join(output_dir, f'{task_name}_{split}.tsv')
+           for split in SPLITS}
+
+  def write() -> dict[str, Any]:
+    os.makedirs(output_dir, exist_ok=True)
+    start = time.time()
+    examples = generate_examples(num_train + num_valid + num_test, **kwargs)
+    seconds = time.time() - start
+    cuts = {'train': examples[:num_train],
+            'val': examples[num_train:num_train + num_valid],
+            'test': examples[num_train + num_valid:]}
+    splits = {}
+    for split, rows in cuts.items():
+      write_tsv(paths[split], rows)
+      lengths = [len(tokenize(source)) for source, _ in rows]
+      splits[split] = {'examples': len(rows),
+                       'label_histogram': label_histogram(rows),
+                       'min_tokens': min(lengths), 'max_tokens': max(lengths),
+                       'mean_tokens': round(sum(lengths) / len(lengths), 1)}
+    return {'generation_seconds': round(seconds, 1), 'splits': splits}
+
+  pipeline.generate_once(output_dir,
+                         {'settings': settings, 'task_name': task_name},
+                         write)
   return paths
 
 
 def read_stamp(folder: str) -> dict[str, Any] | None:
-  """The `generator.json` of a generated folder, or None (released data)."""
-  path = os.path.join(folder, STAMP_FILE)
-  if not os.path.exists(path):
+  """The generator settings and record of a folder our generator wrote
+  (`{'settings', 'task_name', 'generation_seconds', 'splits'}`), or None
+  for any other folder (released data)."""
+  stamp = pipeline.read_generator_stamp(folder)
+  if stamp is None:
     return None
-  with open(path) as f:
-    return json.load(f)
+  return {**stamp['spec'], **stamp['details']}
 
 
 # -------------------------------------------------------------------- reader
@@ -294,12 +290,13 @@ def read_tsv(path: str, max_length: int = 2000
   """
   if not os.path.exists(path):
     raise FileNotFoundError(
-        f'ListOps file {path} not found. Point config.data_dir at the '
-        '`listops-1000` folder of the LRA release (lra_release.gz from '
-        'https://github.com/google-research/long-range-arena), or leave '
-        'config.data_dir empty to generate data locally.')
+        f'ListOps file {path} not found (nor {os.path.basename(path)}.gz). '
+        'Point config.data_dir at the `listops-1000` folder of the LRA '
+        'release, or at the folder `python -m lra_msmra.data.prepare` '
+        'wrote; see the README for how to get the data.')
   ids, labels = [], []
-  with open(path, newline='') as f:
+  opener = gzip.open if path.endswith('.gz') else open
+  with opener(path, 'rt', newline='') as f:
     reader = csv.reader(f, delimiter='\t')
     header = next(reader, None)
     if header != HEADER:
@@ -324,8 +321,11 @@ def read_tsv(path: str, max_length: int = 2000
         raise ValueError(f'{path}:{line_no}: unknown token(s) {unknown}; '
                          f'valid symbols: {list(SYMBOLS)}.')
       if len(tokens) > max_length:
-        raise ValueError(f'{path}:{line_no}: {len(tokens)} tokens exceed '
-                         f'max_length={max_length}.')
+        raise ValueError(
+            f'{path}:{line_no}: {len(tokens)} tokens exceed '
+            f'config.data.max_length={max_length}. These files need the full '
+            'ListOps length: use a config without `runlocal`, or pass '
+            '--config.data.max_length=2000.')
       ids.append(np.array([VOCAB[t] for t in tokens], dtype=np.uint8))
       labels.append(label)
   if not labels:
@@ -333,8 +333,8 @@ def read_tsv(path: str, max_length: int = 2000
   return ids, np.array(labels, dtype=np.int32)
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('listops', data, DATA_KEYS, GENERATE_KEYS)
+def _check_data(data: Any) -> None:
+  """ListOps's own checks of config.data: file prefix and generator."""
 
   def is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -342,81 +342,73 @@ def _check_data_config(data: Any) -> None:
   if not isinstance(data.task_name, str) or not data.task_name:
     raise ValueError(f'config.data.task_name={data.task_name!r} must be the '
                      "file prefix of the TSVs, e.g. 'basic'.")
-  pipeline.check_length(data, data.max_length)
-  gen = data.generate
+  gen = data.generator
   for key, low in (('num_train', 1), ('num_valid', 1), ('num_test', 1),
                    ('min_length', 0), ('max_depth', 1), ('max_args', 2),
                    ('seed', 0)):
     if not is_int(gen[key]) or gen[key] < low:
-      raise ValueError(f'config.data.generate.{key}={gen[key]!r} must be an '
+      raise ValueError(f'config.data.generator.{key}={gen[key]!r} must be an '
                        f'integer >= {low}.')
   if not is_int(gen.max_length) or gen.max_length <= gen.min_length + 1:
     raise ValueError(
-        f'config.data.generate.max_length={gen.max_length!r} must be an '
+        f'config.data.generator.max_length={gen.max_length!r} must be an '
         f'integer above min_length + 1 = {gen.min_length + 1} (both bounds '
         'are exclusive).')
-  # Generated expressions have at most generate.max_length - 1 tokens; the
-  # reader rejects any longer than data.max_length.
-  if gen.max_length - 1 > data.max_length:
+  # Generated expressions have at most generator.max_length - 1 tokens; the
+  # reader rejects any longer than data.max_length (checked after this).
+  if (data.generate and is_int(data.max_length) and
+      gen.max_length - 1 > data.max_length):
     raise ValueError(
-        f'config.data.generate.max_length={gen.max_length} allows '
+        f'config.data.generator.max_length={gen.max_length} allows '
         f'expressions of {gen.max_length - 1} tokens, more than '
         f'config.data.max_length={data.max_length}; lower the first or raise '
         'the second.')
 
 
+TASK = pipeline.Task(
+    name='listops', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'task_name', 'max_length', 'pad_to_length'}),
+    generator_keys=frozenset({'num_train', 'num_valid', 'num_test',
+                              'min_length', 'max_length', 'max_depth',
+                              'max_args', 'seed'}),
+    synthetic='generated',
+    prepare=(pipeline.RELEASE_HINT + ', or write it with our seeded '
+             'implementation of the LRA generator: `python -m '
+             'lra_msmra.data.prepare --generate_listops --out DIR`'),
+    length=lambda data: data.max_length, extra_check=_check_data)
+get_model_spec = TASK.model_spec
+
+
 def _generated_dir(config: Any, workdir: str) -> str:
-  """Generates (once) the data described by config.data.generate."""
-  gen = config.data.generate.to_dict()
+  """Generates (once) the data described by config.data.generator."""
   out = os.path.join(workdir, 'data', 'listops')
-  stamp = read_stamp(out)
-  if (stamp is not None and stamp.get('settings') == gen and
-      stamp.get('task_name') == config.data.task_name):
-    return out
-  generate_dataset(out, task_name=config.data.task_name, **gen)
+  generate_dataset(out, task_name=config.data.task_name,
+                   **config.data.generator.to_dict())
   return out
-
-
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.max_length,
-          'dual': False}
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The ListOps splits for `config` (see the module docstring).
 
-  With `config.data_dir` empty, a dataset is generated from
-  `config.data.generate` into `<workdir>/data/listops` (once) and read back.
+  With `config.data.generate`, a dataset is generated from
+  `config.data.generator` into `<workdir>/data/listops` (once) and read back.
   """
-  _check_data_config(config.data)
-  data_dir = config.data_dir
-  if not data_dir:
+  source, length = TASK.begin(config)
+  if source == 'generated':
     data_dir = _generated_dir(config, workdir)
-  elif not os.path.isdir(data_dir):
-    raise FileNotFoundError(
-        f'config.data_dir={data_dir!r} is not a directory. It must hold '
-        f'{config.data.task_name}_{{train,val,test}}.tsv (the `listops-1000` '
-        'folder of the LRA release), or be the folder written by '
-        '`python -m lra_msmra.data.prepare`.')
   else:
-    # The prepared folder (lra_msmra.data.prepare) holds listops-1000/.
-    first = f'{config.data.task_name}_train.tsv'
-    nested = os.path.join(data_dir, 'listops-1000')
-    if (not os.path.exists(os.path.join(data_dir, first)) and
-        os.path.exists(os.path.join(nested, first))):
-      data_dir = nested
-  length = config.data.pad_to_length or config.data.max_length
+    data_dir = _release_dir(config.data_dir, config.data.task_name)
   splits, labels = {}, {}
   for split in SPLITS:
-    path = os.path.join(data_dir, f'{config.data.task_name}_{split}.tsv')
+    path = split_path(data_dir, config.data.task_name, split)
     ids, labels[split] = read_tsv(path, config.data.max_length)
     splits[split] = pipeline.ArraySource({
         'inputs': pipeline.pad_or_truncate(ids, length, np.uint8),
         'targets': labels[split]})
+  # Files our generator wrote carry its stamp, wherever they were written.
   stamp = read_stamp(data_dir)
-  notes = {'data_dir': data_dir, 'generated': stamp is not None,
+  notes = {'data_dir': data_dir,
            'data_source': 'release' if stamp is None else 'generated',
            'vocabulary': 'fixed sorted (P6 fix)'}
   if stamp is not None:
@@ -425,6 +417,31 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
       train=splits['train'], eval=splits['val'], test=splits['test'],
       num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
       notes=notes)
+
+
+def split_path(data_dir: str, task_name: str, split: str) -> str:
+  """`{task_name}_{split}.tsv` in `data_dir`, or its `.tsv.gz` if only that
+  exists (the released files are often kept compressed)."""
+  path = os.path.join(data_dir, f'{task_name}_{split}.tsv')
+  if not os.path.exists(path) and os.path.exists(path + '.gz'):
+    return path + '.gz'
+  return path
+
+
+def _release_dir(data_dir: str, task_name: str) -> str:
+  """The folder holding the TSVs: `data_dir` or its `listops-1000/`."""
+  if not os.path.isdir(data_dir):
+    raise FileNotFoundError(
+        f'config.data_dir={data_dir!r} is not a directory. It must hold '
+        f'{task_name}_{{train,val,test}}.tsv (the `listops-1000` folder of '
+        'the LRA release), or be the folder written by `python -m '
+        'lra_msmra.data.prepare`.')
+  # The prepared folder (lra_msmra.data.prepare) holds listops-1000/.
+  nested = os.path.join(data_dir, 'listops-1000')
+  if (not os.path.exists(split_path(data_dir, task_name, 'train')) and
+      os.path.exists(split_path(nested, task_name, 'train'))):
+    return nested
+  return data_dir
 
 
 def main(argv: list[str]) -> None:

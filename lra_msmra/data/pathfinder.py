@@ -1,5 +1,6 @@
-"""Pathfinder and Path-X, read straight from the LRA release (PROTOCOL §5.5,
-§5.6, §7).
+"""Pathfinder and Path-X, read straight from the LRA release.
+
+The protocol is in docs/protocol.md §5.5, §5.6 and §7.
 
 Layout (the release's `pathfinder{32,64,128,256}` folders, or a folder
 written by `python -m lra_msmra.data.prepare`)::
@@ -44,7 +45,7 @@ line (LRA drops the last element after splitting on newlines, which would
 lose it); blank lines and malformed lines raise instead of crashing later;
 LRA drops the last partial evaluation batch, we evaluate every image.
 
-Without `config.data_dir`, a small synthetic set in exactly this layout is
+With `config.data.generate=True`, a small mock set in exactly this layout is
 generated into `<workdir>/data/pathfinder` (`generate_dataset`): two dashed
 curves and two markers per image, label 1 iff both markers sit on the ends
 of the same curve, plus one empty PNG as in the release.
@@ -55,14 +56,14 @@ config.data keys:
   pad_to_length: zero-pad the R * R tokens further to this length (0 =
     none; the xiong option sets 1024, a no-op at 32 x 32).
   shuffle: 'batches' (LRA) or 'examples'.
-  generate: {num_examples, seed}, used only without data_dir.
+  generate: True for mock images instead of data_dir.
+  generator: {num_examples, seed}, used only with generate.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
-import json
 import os
 import re
 import struct
@@ -81,9 +82,6 @@ DIFFICULTIES = {'easy': 'curv_baseline',
                 'hard': 'curv_contour_length_14'}
 # TFDS percent slices of LRA's loader: train, validation, test.
 SPLIT_PERCENTS = {'train': (0, 80), 'eval': (80, 90), 'test': (90, 100)}
-DATA_KEYS = {'resolution', 'difficulty', 'pad_to_length', 'shuffle',
-             'generate'}
-GENERATE_KEYS = {'num_examples', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
 # Images per generator batch folder imgs/<k> in generated data.
 GENERATED_PER_FOLDER = 500
@@ -121,7 +119,7 @@ def read_metadata(folder: str) -> list[Example]:
         f'Pathfinder metadata folder {meta_dir} not found. config.data_dir '
         'must hold pathfinder<R>/<difficulty>/{imgs,metadata} (the '
         'lra_release folder, or the folder written by `python -m '
-        'lra_msmra.data.prepare`); leave it empty to generate data.')
+        'lra_msmra.data.prepare`).')
   files = sorted(glob.glob(os.path.join(meta_dir, '*.npy')), key=_natural_key)
   if not files:
     raise FileNotFoundError(f'No metadata/*.npy files in {folder}.')
@@ -187,6 +185,80 @@ def decode_png(data: bytes, path: str, resolution: int) -> np.ndarray:
     raise ValueError(f'{path}: expected a {resolution}x{resolution} '
                      f'single-channel image, got shape {image.shape}.')
   return image.reshape(-1)
+
+
+# PNGs decoded per graph call by `check_pngs`.
+_CHECK_BATCH = 512
+_shape_fns: dict[int, Any] = {}
+
+
+def _batch_shapes(datas: list[bytes]) -> np.ndarray:
+  """`[n, 3]` decoded shapes of PNGs, with `decode_png`'s decoder in one
+  graph call (much faster than one eager call per image); raises
+  tf.errors.OpError if any PNG cannot be decoded."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if 'fn' not in _shape_fns:
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def shapes(data):
+      return tf.map_fn(lambda d: tf.shape(tf.io.decode_png(d, channels=0)),
+                       data, fn_output_signature=tf.int32)
+    _shape_fns['fn'] = shapes
+  return _shape_fns['fn'](tf.constant(datas)).numpy()
+
+
+def _check_batch(paths: list[str], resolution: int
+                 ) -> tuple[list[str], list[str]]:
+  """(empty files, problems) of some PNGs; see `check_pngs`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  empty, problems, datas, read = [], [], [], []
+  for path in paths:
+    try:
+      with open(path, 'rb') as f:
+        data = f.read()
+    except FileNotFoundError:
+      problems.append(f'{path}: image listed in the metadata is missing.')
+      continue
+    if data:
+      datas.append(data)
+      read.append(path)
+    else:
+      empty.append(path)
+  if not datas:
+    return empty, problems
+  try:
+    shapes = _batch_shapes(datas)
+    bad = [i for i, shape in enumerate(shapes)
+           if tuple(shape) != (resolution, resolution, 1)]
+  except tf.errors.OpError:
+    bad = range(len(datas))  # Find which ones, one by one.
+  for i in bad:
+    try:
+      decode_png(datas[i], read[i], resolution)
+    except ValueError as e:
+      problems.append(str(e))
+  return empty, problems
+
+
+def check_pngs(paths: list[str], resolution: int, workers: int = 8
+               ) -> tuple[list[str], list[str]]:
+  """Decodes every non-empty PNG as training will (`decode_png`).
+
+  Files are read and decoded in batches by a pool of threads (the decoder
+  releases the GIL; reading overlaps with decoding).
+
+  Returns:
+    (empty files, which training skips (P21); one message per file that
+    training would reject: missing, not a decodable PNG, or not R x R x 1).
+  """
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  batches = [paths[i:i + _CHECK_BATCH]
+             for i in range(0, len(paths), _CHECK_BATCH)]
+  empty, problems = [], []
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    for e, p in pool.map(lambda b: _check_batch(b, resolution), batches):
+      empty += e
+      problems += p
+  return empty, problems
 
 
 def load_split(folder: str, examples: list[Example], resolution: int
@@ -340,48 +412,61 @@ def generate_dataset(root: str, *, resolution: int, difficulty: str,
 # ---------------------------------------------------------------- the task
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('pathfinder', data, DATA_KEYS, GENERATE_KEYS)
+def _check_data(data: Any) -> None:
+  """Pathfinder's own checks: resolution and difficulty."""
   if data.resolution not in RESOLUTIONS:
     raise ValueError(f'config.data.resolution={data.resolution!r}; valid: '
                      f'{RESOLUTIONS}.')
   if data.difficulty not in DIFFICULTIES:
     raise ValueError(f'config.data.difficulty={data.difficulty!r}; valid: '
                      f'{sorted(DIFFICULTIES)}.')
-  pipeline.check_length(data, data.resolution ** 2)
+
+
+TASK = pipeline.Task(
+    name='pathfinder', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'difficulty', 'pad_to_length', 'resolution',
+                         'shuffle'}),
+    generator_keys=frozenset({'num_examples', 'seed'}),
+    synthetic='mock', prepare=pipeline.RELEASE_HINT,
+    length=lambda data: data.resolution ** 2, extra_check=_check_data)
+get_model_spec = TASK.model_spec
 
 
 def _generated_root(config: Any, workdir: str) -> str:
-  """Generates (once) the folder described by config.data.generate."""
-  spec = dict(config.data.generate.to_dict(),
+  """Generates (once) the folder described by config.data.generator."""
+  spec = dict(config.data.generator.to_dict(),
               resolution=config.data.resolution,
               difficulty=config.data.difficulty)
-  stamp_spec = dict(spec, version=GENERATOR_VERSION)
   root = os.path.join(workdir, 'data', 'pathfinder')
-  stamp = os.path.join(root, 'generator.json')
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == stamp_spec:
-        return root
-  generate_dataset(root, **spec)
-  with open(stamp, 'w') as f:
-    json.dump(stamp_spec, f)
-  return root
+  return pipeline.generate_once(
+      root, dict(spec, version=GENERATOR_VERSION),
+      lambda: generate_dataset(root, **spec))
 
 
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.resolution ** 2,
-          'dual': False}
+def _refuse_second_copy(root: str, resolution: int) -> None:
+  """The LRA archive's nested layout has a second `pathfinder128` beside
+  its inner `lra_release/` folder (P20); given the outer folder, both would
+  match. Raises instead of picking one silently."""
+  name = f'pathfinder{resolution}'
+  here = os.path.join(root, name)
+  inner = os.path.join(root, 'lra_release', name)
+  if os.path.isdir(here) and os.path.isdir(inner):
+    raise ValueError(
+        f'config.data_dir={root!r} holds two copies of {name}: {here} and '
+        f'{inner} (the nested layout of the LRA archive, which does not say '
+        'which is right). Point config.data_dir at the folder of the copy '
+        f'you mean ({os.path.join(root, "lra_release")} for the one beside '
+        'the other tasks), or prepare the release once with `python -m '
+        'lra_msmra.data.prepare --lra_release ... --out DIR '
+        '--pathfinder128_copy main|extra` and use DIR.')
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The Pathfinder / Path-X splits for `config` (module docstring)."""
-  _check_data_config(config.data)
+  source, length = TASK.begin(config)
   data = config.data
-  generated = not config.data_dir
-  if generated:
+  if source == 'mock':
     root = _generated_root(config, workdir)
   else:
     root = config.data_dir
@@ -392,8 +477,9 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
           '{imgs,metadata} (the lra_release folder, or the folder written '
           'by `python -m lra_msmra.data.prepare`).')
   folder = folder_path(root, data.resolution, data.difficulty)
+  if source == 'release':
+    _refuse_second_copy(root, data.resolution)
   examples = read_metadata(folder)
-  length = data.pad_to_length or data.resolution ** 2
   sources, skipped, counts = {}, {}, {}
   for name, split in split_examples(examples, data.difficulty).items():
     tokens, labels, skipped[name] = load_split(folder, split, data.resolution)
@@ -410,7 +496,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   zero = float(np.mean(sources['test'].arrays['inputs'] == 0))
   notes = {
       'data_dir': folder,
-      'generated': generated,
+      'data_source': source,
       'resolution': data.resolution,
       'difficulty': f'{data.difficulty} ({DIFFICULTIES[data.difficulty]})',
       'split': 'TFDS order (md5 of difficulty + key), 80/10/10',

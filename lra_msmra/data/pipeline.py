@@ -6,8 +6,8 @@ depends on hidden iterator state:
 
 * Training batch `step` is a pure function of `(seed, step)`, so the data
   position of a run is its step and a resumed run sees exactly the batches it
-  would have seen (PROTOCOL §4.3 notes that LRA's tf.data pipelines are not
-  seeded). Two orders exist (P10), chosen by the training split's
+  would have seen (docs/protocol.md §4.3 notes that LRA's tf.data pipelines are
+  not seeded). Two orders exist (P10), chosen by the training split's
   `train_shuffle` (see `with_train_shuffle`):
 
   - `'examples'` (default): batch `step` holds stream positions
@@ -32,7 +32,9 @@ global batch (`process_index`, `process_count`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Mapping, Optional, Protocol
+import json
+import os
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
 import numpy as np
 
@@ -305,13 +307,156 @@ def _check_exact_keys(where: str, cfg: Any, expected: set[str]) -> None:
 
 
 def check_data_keys(task: str, data: Any, keys: set[str],
-                    generate_keys: set[str]) -> None:
-  """Checks the exact keys of `config.data` and `.generate`, and `shuffle`."""
-  _check_exact_keys(f'config.data for {task}', data, keys)
-  _check_exact_keys('config.data.generate', data.generate, generate_keys)
+                    generator_keys: set[str]) -> None:
+  """Checks the exact keys of `config.data` and `.generator`, `generate` and
+  `shuffle`."""
+  _check_exact_keys(f'config.data for {task}', data, keys | {'generate'})
+  _check_exact_keys('config.data.generator', data.generator, generator_keys)
+  if not isinstance(data.generate, bool):
+    raise ValueError(f'config.data.generate={data.generate!r} must be True '
+                     'or False.')
   if 'shuffle' in keys and data.shuffle not in SHUFFLE_LEVELS:
     raise ValueError(f'config.data.shuffle={data.shuffle!r}; valid: '
                      f'{SHUFFLE_LEVELS}.')
+
+
+# Where a run's examples come from (recorded in results.json):
+#   release    files of the LRA release (or TFDS for IMDb and CIFAR-10);
+#   generated  our seeded implementation of the official generator (ListOps);
+#   mock       stand-in examples in the task's real format, for plumbing
+#              checks only: never comparable with any published number.
+DATA_SOURCES = ('release', 'generated', 'mock')
+RELEASE_HINT = ('download the LRA release once (lra_release.gz, see README) '
+                'and run `python -m lra_msmra.data.prepare --lra_release '
+                'lra_release.gz --out DIR`')
+
+
+def data_source(config: Any, synthetic: str, prepare: str) -> str:
+  """The source a config asks for: 'release', or `synthetic` with
+  `data.generate=True`; raises if it asks for neither or both.
+
+  Args:
+    config: the run config (`data_dir`, `data.generate`).
+    synthetic: what `data.generate=True` gives this task, 'generated' or
+      'mock'.
+    prepare: how to get the task's real data, for the error message.
+  """
+  if synthetic not in DATA_SOURCES[1:]:
+    raise ValueError(f'synthetic={synthetic!r}; valid: {DATA_SOURCES[1:]}.')
+  if config.data_dir and config.data.generate:
+    raise ValueError(
+        f'config.data_dir={config.data_dir!r} and config.data.generate=True '
+        'ask for two data sources; drop one of them.')
+  if config.data_dir:
+    return 'release'
+  if config.data.generate:
+    return synthetic
+  fallback = (
+      'or --config.data.generate=True, our seeded implementation of the '
+      'official generator' if synthetic == 'generated' else
+      '--config.data.generate=True gives mock examples for plumbing checks '
+      'only, never comparable with published numbers; the `runlocal` option '
+      'sets it')
+  raise ValueError(
+      f'config.data_dir is empty: the {config.task} config needs its data. '
+      f'To prepare it, {prepare}; then pass --config.data_dir=DIR ({fallback}'
+      ').')
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a task module declares once: its vocabulary, labels, config keys
+  and data sources; the shared checks, model spec and data source use it.
+
+  Attributes:
+    name: the task name of error messages.
+    vocab_size: token table size (id 0 = padding).
+    num_classes: number of labels.
+    dual: two documents per example (Retrieval).
+    data_keys: keys of `config.data` besides `generate` and `generator`.
+    generator_keys: keys of `config.data.generator`.
+    synthetic: what `data.generate=True` gives: 'generated' or 'mock'.
+    prepare: how to get the real data, for error messages.
+    length: tokens per example (per document) before extra padding, from
+      `config.data`.
+    extra_check: the task's own checks of `config.data`, if any.
+  """
+  name: str
+  vocab_size: int
+  num_classes: int
+  dual: bool
+  data_keys: frozenset[str]
+  generator_keys: frozenset[str]
+  synthetic: str
+  prepare: str
+  length: Callable[[Any], int]
+  extra_check: Optional[Callable[[Any], None]] = None
+
+  def check(self, data: Any) -> None:
+    """Keys, `generate`, `shuffle`, the task's own checks, then lengths."""
+    check_data_keys(self.name, data, set(self.data_keys) | {'generator'},
+                    set(self.generator_keys))
+    if self.extra_check is not None:
+      self.extra_check(data)
+    check_length(data, self.length(data))
+
+  def max_len(self, data: Any) -> int:
+    """Input length the model sees: `pad_to_length`, else `length`."""
+    return data.pad_to_length or self.length(data)
+
+  def model_spec(self, config: Any) -> dict[str, Any]:
+    """What the model needs from the task, from the config alone."""
+    self.check(config.data)
+    return {'vocab_size': self.vocab_size, 'num_classes': self.num_classes,
+            'max_len': self.max_len(config.data), 'dual': self.dual}
+
+  def source(self, config: Any) -> str:
+    """The data source the config asks for (see `data_source`)."""
+    return data_source(config, self.synthetic, self.prepare)
+
+  def begin(self, config: Any) -> tuple[str, int]:
+    """What every `get_datasets` starts with: checks `config.data`;
+    returns the data source and the model's input length."""
+    self.check(config.data)
+    return self.source(config), self.max_len(config.data)
+
+
+def generate_once(folder: str, spec: Mapping[str, Any],
+                  generate: Callable[[], Any]) -> str:
+  """Runs `generate()` (which writes `folder`) unless `folder` already holds
+  data of `spec`; returns `folder`.
+
+  `folder/generator.json` records `spec` and, if `generate()` returns a
+  mapping, that mapping (e.g. timing and label counts). It is written last and atomically (write,
+  then rename), so hosts of a multi-host run generating into a shared
+  folder, or a run killed while generating, never leave a stamp beside
+  incomplete data.
+  """
+  spec = json.loads(json.dumps(spec))
+  stamp = read_generator_stamp(folder)
+  if stamp is not None and stamp.get('spec') == spec:
+    return folder
+  details = generate()
+  details = dict(details) if isinstance(details, Mapping) else {}
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, GENERATOR_STAMP)
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    json.dump({'spec': spec, 'details': details}, f, indent=1)
+  os.replace(tmp, path)
+  return folder
+
+
+GENERATOR_STAMP = 'generator.json'
+
+
+def read_generator_stamp(folder: str) -> Optional[dict[str, Any]]:
+  """`folder/generator.json` as `generate_once` wrote it, or None."""
+  path = os.path.join(folder, GENERATOR_STAMP)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 def check_length(data: Any, length: Any) -> None:
@@ -339,12 +484,15 @@ def pad_or_truncate(tokens: list[np.ndarray] | list[list[int]], length: int,
   return out
 
 
-def smallest_int_dtype(vocab_size: int) -> np.dtype:
-  """Narrowest unsigned dtype that holds ids 0..vocab_size-1."""
-  for dt in (np.uint8, np.uint16, np.uint32):
-    if vocab_size - 1 <= np.iinfo(dt).max:
-      return np.dtype(dt)
-  return np.dtype(np.int64)
+def check_labels(labels: np.ndarray, num_classes: int, where: str
+                 ) -> np.ndarray:
+  """Labels as int32; raises naming the first one outside the classes."""
+  labels = np.asarray(labels).astype(np.int32)
+  bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
+  if bad.size:
+    raise ValueError(f'{where}: label {labels[bad[0]]} of example {bad[0]} '
+                     f'is outside 0..{num_classes - 1}.')
+  return labels
 
 
 def majority_rate(labels: np.ndarray) -> tuple[int, float]:

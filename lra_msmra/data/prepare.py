@@ -2,7 +2,7 @@ r"""Turns what a user downloads into the folder every task config reads.
 
   python -m lra_msmra.data.prepare --lra_release PATH --out DIR [--tfds]
 
-What to download (PROTOCOL §2):
+What to download (docs/protocol.md §2):
 
 * The LRA release, `lra_release.gz` (a gzipped tar, ~8 GB, ~19 GB
   unpacked) from https://storage.googleapis.com/long-range-arena/
@@ -30,7 +30,10 @@ takes `DIR/listops-1000` directly).
 
 Checks: the files of every task in `--tasks` must exist (the command fails
 naming each missing path); per split it prints the number of examples, and
-for Pathfinder the empty PNGs that the pipeline will skip (P21).
+for Pathfinder the empty PNGs that the pipeline will skip (P21). Every other
+Pathfinder PNG is decoded as training will decode it; the command fails
+naming each file that does not decode to an R x R single-channel image
+(the first MAX_LISTED of them, then their number).
 
 Duplicates (P20): the nested archive holds two `pathfinder128` folders, and
 nobody documents which one is right (a ResNet stays at chance on one of
@@ -52,6 +55,7 @@ import sys
 import tarfile
 from typing import Any, Optional, Sequence
 
+from lra_msmra.data import listops
 from lra_msmra.data import pathfinder
 from lra_msmra.data import retrieval
 from lra_msmra.data import tfds_io
@@ -68,6 +72,8 @@ TFDS_DATASETS = ('imdb_reviews', 'cifar10')
 MANIFEST = 'prepared.json'
 # How deep below --lra_release the task folders may sit.
 MAX_DEPTH = 4
+# Bad files named one by one in an error; the rest are counted.
+MAX_LISTED = 20
 
 
 class PrepareError(Exception):
@@ -190,16 +196,32 @@ def count_examples(name: str, folder: str) -> dict[str, Any]:
   if name == retrieval.SUBDIR:
     return {s: _count_lines(retrieval.split_path(folder, s))
             for s in retrieval.SPLITS.values()}
-  counts = {}
+  resolution = int(name[len('pathfinder'):])
+  splits = {}
   for difficulty, sub in pathfinder.DIFFICULTIES.items():
     path = os.path.join(folder, sub)
     examples = pathfinder.read_metadata(path)
-    per_split = {}
     for split, exs in pathfinder.split_examples(examples, difficulty).items():
-      empty = sum(os.path.getsize(os.path.join(path, e.image)) == 0
-                  for e in exs)
-      per_split[split] = {'images': len(exs) - empty, 'empty_pngs': empty}
-    counts[difficulty] = per_split
+      splits[difficulty, split] = [os.path.join(path, e.image) for e in exs]
+  # Decoded as training will, so a bad file fails here, not mid-run; all in
+  # one call, which spreads the files over its threads.
+  empty, problems = pathfinder.check_pngs(
+      [p for paths in splits.values() for p in paths], resolution)
+  empty = set(empty)
+  counts = {}
+  for (difficulty, split), paths in splits.items():
+    num_empty = sum(p in empty for p in paths)
+    counts.setdefault(difficulty, {})[split] = {
+        'images': len(paths) - num_empty, 'empty_pngs': num_empty}
+  if problems:
+    shown = problems[:MAX_LISTED]
+    more = len(problems) - len(shown)
+    raise PrepareError(
+        f'{len(problems)} image(s) of {folder} cannot be read as '
+        f'{resolution}x{resolution} single-channel PNGs; training would stop '
+        'on them:\n  ' + '\n  '.join(shown) +
+        (f'\n  ... and {more} more.' if more else '') +
+        '\nDownload and unpack lra_release.gz again (or limit --tasks).')
   return counts
 
 
@@ -295,11 +317,31 @@ def _print_report(report: dict[str, Any], out: str) -> None:
               'contents')
       print(f'{name}: a second copy exists at {c["other"]}: {same}. '
             f'Using {c["used"]}.')
+  gen = report.get('listops_generated')
+  if gen:
+    print(f'{LISTOPS}: generated (seed {gen["settings"]["seed"]}) in '
+          f'{gen["generation_seconds"]:.0f} s: ' + ', '.join(
+              f'{s} {v["examples"]}' for s, v in gen['splits'].items()))
   for name, splits in report.get('tfds', {}).items():
     print(f'{name}: ' + ', '.join(f'{s} {n}' for s, n in splits.items()))
   print(f'\nWrote {os.path.join(out, MANIFEST)}. Use '
         f'--config.data_dir={out} (ListOps: '
         f'--config.data_dir={os.path.join(out, LISTOPS)}).')
+
+
+def generate_listops(out: str, seed: int, **settings: int) -> dict[str, Any]:
+  """Writes `out/listops-1000/basic_*.tsv` with our generator (official
+  settings unless `settings` override them); returns its `generator.json`
+  (settings, time, label histograms)."""
+  folder = os.path.join(out, LISTOPS)
+  if os.path.islink(folder) or (os.path.exists(folder) and
+                                listops.read_stamp(folder) is None):
+    raise PrepareError(f'{folder} already holds release data; choose another '
+                       '--out.')
+  print(f'Generating ListOps (seed {seed}) into {folder}: a few minutes.',
+        flush=True)
+  listops.generate_dataset(folder, seed=seed, **settings)
+  return listops.read_stamp(folder)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -312,6 +354,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument('--out', required=True, help='Folder to write.')
   p.add_argument('--tfds', action='store_true', help='Also download and '
                  'prepare imdb_reviews and cifar10 with TFDS.')
+  p.add_argument('--generate_listops', action='store_true', help='Write '
+                 'ListOps (96,000/2,000/2,000 expressions, the official '
+                 'generator settings) into DIR/listops-1000 with our seeded '
+                 'implementation of the LRA generator, instead of taking it '
+                 'from the release. Results record it as generated data.')
+  p.add_argument('--listops_seed', type=int, default=0,
+                 help='Seed of --generate_listops.')
   p.add_argument('--tasks', default=','.join(TASKS),
                  help=f'Comma-separated subset of {",".join(TASKS)} whose '
                  'files must be present (default: all).')
@@ -323,8 +372,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   unknown = sorted(set(tasks) - set(TASKS))
   if unknown:
     p.error(f'--tasks: unknown {unknown}; valid: {list(TASKS)}.')
-  if not args.lra_release and not args.tfds:
-    p.error('Give --lra_release, --tfds or both.')
+  if not (args.lra_release or args.tfds or args.generate_listops):
+    p.error('Give --lra_release, --tfds, --generate_listops or several.')
+  if args.lra_release and args.generate_listops and 'listops' in tasks:
+    p.error('--generate_listops writes the listops-1000 folder the release '
+            'also provides: leave listops out of --tasks, or drop one.')
   os.makedirs(args.out, exist_ok=True)
   report: dict[str, Any] = {}
   try:
@@ -333,6 +385,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                           args.pathfinder128_copy)
     if args.tfds:
       report['tfds'] = prepare_tfds(args.out)
+    if args.generate_listops:
+      report['listops_generated'] = generate_listops(args.out,
+                                                     args.listops_seed)
   except (PrepareError, FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

@@ -1,4 +1,4 @@
-"""Retrieval: byte-level AAN document matching (PROTOCOL §5.3).
+"""Retrieval: byte-level AAN document matching (docs/protocol.md §5.3).
 
 Files (the `tsv_data` folder of the LRA release):
 `new_aan_pairs.{train,eval,test}.tsv`, no header, tab-separated, quoting off,
@@ -12,8 +12,8 @@ vocabulary 257), truncated to `max_length` (4000) and zero-padded, the two
 documents independently. Documents are stored as raw bytes and padded at
 batch time (147k pairs x 2 x 4000 ids would not fit comfortably in memory).
 
-Model (not here, see lra_msmra/models.py): the dual encoder of PROTOCOL §3.2;
-LRA's head (position-0 pooling, `[u, v]`) or Xiong et al.'s (mean pooling,
+Model (not here, see lra_msmra/models.py): the dual encoder of docs/protocol.md
+§3.2; LRA's head (position-0 pooling, `[u, v]`) or Xiong et al.'s (mean pooling,
 `[u, v, u*v, u-v]`) by config. LRA's training script crashes at HEAD (P1);
 this pipeline with that model is the fix.
 
@@ -21,22 +21,22 @@ Where we differ: LRA drops the last partial batch of every split
 (17,408 of 17,437 test pairs); we evaluate every pair once. A trailing
 carriage return of a line is dropped (files written with CRLF line ends).
 
-Without `config.data_dir`, tiny TSVs in the official format are generated
-into `<workdir>/data/retrieval` (`generate_dataset`) and read back by the
-same reader. `data_dir` may be the `tsv_data` folder itself or a prepared
+With `config.data.generate=True`, tiny mock TSVs in the official format are
+generated into `<workdir>/data/retrieval` (`generate_dataset`) and read back
+by the same reader. `data_dir` may be the `tsv_data` folder itself or a prepared
 folder (`python -m lra_msmra.data.prepare`) that contains it.
 
 config.data keys:
   max_length: bytes kept per document.
   pad_to_length: zero-pad further to this length (0 = max_length).
   shuffle: 'examples' or 'batches' (P10; LRA shuffles examples here).
-  generate: {num_train, num_valid, num_test, seed}, used only without
-    data_dir.
+  generate: True for mock pairs instead of data_dir.
+  generator: {num_train, num_valid, num_test, seed}, used only with
+    generate.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -52,11 +52,10 @@ SUBDIR = 'tsv_data'
 NUM_COLUMNS = 5  # label, id1, id2, text1, text2
 # LRA keeps the first 10,000 bytes of a text before encoding.
 TEXT_CUT = 10000
-DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_valid', 'num_test', 'seed'}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer, in batches mode.
 # Bumped whenever generated data changes, so stale workdir data is redone.
 GENERATOR_VERSION = 2
+
 
 # Generated abstracts open with their topic's name; the names start with
 # different letters, so even LRA's first-byte pooling (P2) can see the topic.
@@ -89,8 +88,7 @@ def read_tsv(path: str) -> tuple[list[np.ndarray], list[np.ndarray],
     raise FileNotFoundError(
         f'Retrieval file {path} not found. Point config.data_dir at the '
         f'`{SUBDIR}` folder of the LRA release (or at the folder written by '
-        '`python -m lra_msmra.data.prepare`), or leave it empty to generate '
-        'data locally.')
+        '`python -m lra_msmra.data.prepare`).')
   texts1, texts2, labels = [], [], []
   with open(path, 'rb') as f:
     for line_no, line in enumerate(f, start=1):
@@ -169,12 +167,21 @@ def generate_dataset(output_dir: str, *, num_train: int, num_valid: int,
   return paths
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('retrieval', data, DATA_KEYS, GENERATE_KEYS)
-  pipeline.check_length(data, data.max_length)
+def _check_data(data: Any) -> None:
+  """Retrieval's own check: LRA keeps at most TEXT_CUT bytes per text."""
   if data.max_length > TEXT_CUT:
     raise ValueError(f'config.data.max_length={data.max_length} exceeds the '
                      f'{TEXT_CUT} bytes LRA keeps per text.')
+
+
+TASK = pipeline.Task(
+    name='retrieval', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=True,
+    data_keys=frozenset({'max_length', 'pad_to_length', 'shuffle'}),
+    generator_keys=frozenset({'num_test', 'num_train', 'num_valid', 'seed'}),
+    synthetic='mock', prepare=pipeline.RELEASE_HINT,
+    length=lambda data: data.max_length, extra_check=_check_data)
+get_model_spec = TASK.model_spec
 
 
 def _resolve_data_dir(data_dir: str) -> str:
@@ -192,25 +199,12 @@ def _resolve_data_dir(data_dir: str) -> str:
 
 
 def _generated_dir(config: Any, workdir: str) -> str:
-  """Generates (once) the TSVs described by config.data.generate."""
-  gen = dict(config.data.generate.to_dict(), version=GENERATOR_VERSION)
+  """Generates (once) the TSVs described by config.data.generator."""
+  gen = config.data.generator.to_dict()
   out = os.path.join(workdir, 'data', 'retrieval')
-  stamp = os.path.join(out, 'generator.json')
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == gen:
-        return out
-  generate_dataset(out, **config.data.generate.to_dict())
-  with open(stamp, 'w') as f:
-    json.dump(gen, f)
-  return out
-
-
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.max_length,
-          'dual': True}
+  return pipeline.generate_once(
+      out, dict(gen, version=GENERATOR_VERSION),
+      lambda: generate_dataset(out, **gen))
 
 
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
@@ -219,11 +213,9 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   Batches carry `inputs` (text1) and `inputs2` (text2), both int32
   `[batch, length]`, and `targets` `[batch]`.
   """
-  _check_data_config(config.data)
-  generated = not config.data_dir
-  data_dir = (_generated_dir(config, workdir) if generated else
+  source, length = TASK.begin(config)
+  data_dir = (_generated_dir(config, workdir) if source == 'mock' else
               _resolve_data_dir(config.data_dir))
-  length = config.data.pad_to_length or config.data.max_length
   splits = {}
   for name, split in SPLITS.items():
     texts1, texts2, labels = read_tsv(split_path(data_dir, split))
@@ -234,7 +226,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
                                       BATCH_SHUFFLE_WINDOW)
   notes = {
       'data_dir': data_dir,
-      'generated': generated,
+      'data_source': source,
       'max_length': config.data.max_length,
       'model': 'dual encoder (P1 fix), shared weights, no cross-attention',
       'dual_interaction': config.model.dual_interaction,

@@ -1,4 +1,4 @@
-"""Text: byte-level IMDb review classification (PROTOCOL §5.2).
+"""Text: byte-level IMDb review classification (docs/protocol.md §5.2).
 
 As LRA (`text_classification/input_pipeline.py`):
 
@@ -18,14 +18,15 @@ whole split every epoch, seeded (`data.shuffle`, P10). LRA's last evaluation
 batch is partial; ours is padded with zero-weight copies, so every example
 counts once either way.
 
-Without `config.data_dir` (runlocal, tests) the same `tfds.load` path reads
-generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
+With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path
+reads generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
 
 config.data keys:
   max_length: bytes kept per review.
   pad_to_length: zero-pad further to this length (0 = max_length).
   shuffle: 'examples' or 'batches' (P10; LRA shuffles examples here).
-  generate: {num_train, num_test, seed}, used only without data_dir.
+  generate: True for mock reviews instead of data_dir.
+  generator: {num_train, num_test, seed}, used only with generate.
 """
 
 from __future__ import annotations
@@ -40,10 +41,9 @@ from lra_msmra.data import tfds_io
 VOCAB_SIZE = 257  # byte + 1; 0 = padding.
 NUM_CLASSES = 2
 TFDS_NAME = 'imdb_reviews'
-DATA_KEYS = {'max_length', 'pad_to_length', 'shuffle', 'generate'}
-GENERATE_KEYS = {'num_train', 'num_test', 'seed'}
 # Batches per shuffle window for data.shuffle='batches' (LRA's buffer size).
 BATCH_SHUFFLE_WINDOW = 256
+
 
 _POSITIVE = ('great', 'wonderful', 'superb', 'moving', 'brilliant', 'loved',
              'delightful', 'charming', 'masterpiece', 'fun')
@@ -54,9 +54,16 @@ _NEUTRAL = ('the', 'film', 'movie', 'plot', 'actors', 'a', 'and', 'was',
             'café', 'naïve')
 
 
-def _check_data_config(data: Any) -> None:
-  pipeline.check_data_keys('text', data, DATA_KEYS, GENERATE_KEYS)
-  pipeline.check_length(data, data.max_length)
+TASK = pipeline.Task(
+    name='text', vocab_size=VOCAB_SIZE, num_classes=NUM_CLASSES,
+    dual=False,
+    data_keys=frozenset({'max_length', 'pad_to_length', 'shuffle'}),
+    generator_keys=frozenset({'num_test', 'num_train', 'seed'}),
+    synthetic='mock',
+    prepare=('download IMDb through TFDS once with `python -m '
+             'lra_msmra.data.prepare --tfds --out DIR`'),
+    length=lambda data: data.max_length)
+get_model_spec = TASK.model_spec
 
 
 def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,55 +93,33 @@ def synthetic_reviews(num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
   return np.array(texts, dtype=object), labels
 
 
-def _load(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """Reads train and test through `tfds.load` (mocked without data_dir)."""
-  splits = ('train', 'test')
-  if config.data_dir:
-    tfds_dir = tfds_io.resolve_data_dir(config.data_dir)
-    return tfds_io.load(TFDS_NAME, splits, tfds_dir, ('text', 'label')), (
-        f'tfds {TFDS_NAME} in {tfds_dir}')
-  gen = config.data.generate
+def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   examples = {}
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
     texts, labels = synthetic_reviews(num, gen.seed + i)
     examples[split] = {'text': texts, 'label': labels}
-  with tfds_io.mock(examples):
-    data = tfds_io.load(TFDS_NAME, splits, None, ('text', 'label'))
-  return data, f'generated reviews served as tfds {TFDS_NAME} (mock_data)'
+  return examples
 
 
 def _source(split: dict[str, np.ndarray], name: str, length: int,
             max_length: int) -> pipeline.RaggedSource:
-  labels = split['label'].astype(np.int32)
-  bad = np.flatnonzero((labels < 0) | (labels >= NUM_CLASSES))
-  if bad.size:
-    raise ValueError(f'{TFDS_NAME} {name}: label {labels[bad[0]]} of example '
-                     f'{bad[0]} is outside 0..{NUM_CLASSES - 1}.')
+  labels = pipeline.check_labels(split['label'], NUM_CLASSES,
+                                 f'{TFDS_NAME} {name}')
   # Bytes are stored raw (uint8) and shifted to ids at batch time.
   texts = [np.frombuffer(t, np.uint8)[:max_length] for t in split['text']]
   return pipeline.RaggedSource({'inputs': texts}, {'targets': labels},
                                length=length, id_offset=1)
 
 
-def get_model_spec(config: Any) -> dict[str, Any]:
-  _check_data_config(config.data)
-  return {'vocab_size': VOCAB_SIZE, 'num_classes': NUM_CLASSES,
-          'max_len': config.data.pad_to_length or config.data.max_length,
-          'dual': False}
-
-
 def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
-  """The IMDb splits for `config` (see the module docstring).
-
-  Args:
-    config: the run config; `config.data` as in the module docstring.
-    workdir: unused (nothing is generated on disk).
-  """
+  """IMDb train and test for `config` (module docstring); validation is
+  the test split (P5). TFDS keeps its files: `workdir` is not used."""
   del workdir
-  _check_data_config(config.data)
-  data, origin = _load(config)
-  length = config.data.pad_to_length or config.data.max_length
+  source, length = TASK.begin(config)
+  data, origin = tfds_io.load_or_mock(
+      TFDS_NAME, ('train', 'test'), ('text', 'label'), config,
+      lambda: _mock_examples(config.data.generator))
   train = _source(data['train'], 'train', length, config.data.max_length)
   test = _source(data['test'], 'test', length, config.data.max_length)
   train = pipeline.with_train_shuffle(train, config.data.shuffle,
@@ -143,7 +128,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
                              for t in data['test']['text']]))
   notes = {
       'data': origin,
-      'generated': not config.data_dir,
+      'data_source': source,
       'max_length': config.data.max_length,
       # P5: IMDb has no validation split; LRA validates on test.
       'validation_is_test': True,

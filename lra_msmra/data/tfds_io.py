@@ -1,8 +1,8 @@
 """TFDS reading shared by the Text (IMDb) and Image (CIFAR-10) pipelines.
 
-LRA reads both datasets with `tfds.load` (PROTOCOL §5.2, §5.4); so do we, and
-then hold the splits as numpy arrays. TensorFlow and TFDS are imported inside
-the functions only, so importing `lra_msmra` stays fast and TF-free.
+LRA reads both datasets with `tfds.load` (docs/protocol.md §5.2, §5.4); so do
+we, and then hold the splits as numpy arrays. TensorFlow and TFDS are imported
+inside the functions only, so importing `lra_msmra` stays fast and TF-free.
 
 Where the data lives: `config.data_dir` is either the folder written by
 `python -m lra_msmra.data.prepare` (its `tensorflow_datasets/` subfolder is
@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,8 @@ def resolve_data_dir(data_dir: str) -> str:
     raise FileNotFoundError(
         f'config.data_dir={data_dir!r} is not a directory. Point it at the '
         'folder written by `python -m lra_msmra.data.prepare --tfds --out '
-        'DIR` (or at a TFDS data dir), or leave it empty for mock data.')
+        'DIR` (or at a TFDS data dir), or set config.data.generate=True for '
+        'mock data.')
   sub = os.path.join(data_dir, TFDS_SUBDIR)
   return sub if os.path.isdir(sub) else data_dir
 
@@ -105,3 +106,17 @@ def mock(examples: Mapping[str, Mapping[str, np.ndarray]]) -> Iterator[None]:
   with tfds.testing.mock_data(as_dataset_fn=as_dataset,
                               policy=tfds.testing.MockPolicy.USE_CODE):
     yield
+
+
+def load_or_mock(name: str, splits: Sequence[str], fields: Sequence[str],
+                 config: Any, mock_examples: Callable[[], Mapping[str, Any]]
+                 ) -> tuple[dict[str, dict[str, np.ndarray]], str]:
+  """`load` from `config.data_dir`, or, with `config.data.generate`, from
+  `mock_examples()` served through the same `tfds.load` path; returns the
+  splits and a note saying which."""
+  if not config.data.generate:
+    tfds_dir = resolve_data_dir(config.data_dir)
+    return load(name, splits, tfds_dir, fields), f'tfds {name} in {tfds_dir}'
+  with mock(mock_examples()):
+    data = load(name, splits, None, fields)
+  return data, f'mock examples served as tfds {name} (mock_data)'

@@ -1,4 +1,4 @@
-"""AdaMRA: the invariants of ATTENTIONS §3.9 against independent references.
+"""AdaMRA: the invariants of docs/mechanisms/adamra.md §8 against references.
 
 The references below are written from the paper's equations with explicit
 loops and O(N m) (or O(N^2)) weight matrices in float64 numpy; they share no
@@ -252,7 +252,10 @@ def test_straight_through_gradients(projections):
 
 
 def test_h1_c1_is_plain_relu_linear_attention():
-  """H = 1, c = 1: no compression, no router effect (ATTENTIONS §3.9.3)."""
+  """H = 1, c = 1: no compression, no router effect.
+
+  An invariant of docs/mechanisms/adamra.md §8.
+  """
   x = _inputs(2, 10, seed=1)
   mask = jnp.ones((2, 10), bool).at[1, 7:].set(False)
   outs = []

@@ -1,7 +1,8 @@
-"""Combiner: the invariants of ATTENTIONS §4.8 on the effective attention E.
+"""Combiner: the invariants of docs/mechanisms/combiner.md §8.
 
-E is read from the layer itself (`CombinerAttention.effective_attention` runs
-the layer's code path with one-hot values) and checked against
+They are checked on the effective attention E. E is read from the layer itself
+(`CombinerAttention.effective_attention` runs the layer's code path with one-hot
+values) and checked against
 
 * a dense reference written here from the paper's definitions: every query's
   partition is enumerated explicitly as index sets, abstractions pool the

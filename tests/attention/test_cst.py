@@ -1,5 +1,4 @@
-"""Composite Slice Attention: the invariants of ATTENTIONS §1.10 and a dense
-reference.
+"""CSA: the invariants of docs/mechanisms/cst.md §8 and a dense reference.
 
 `_reference` below recomputes CSA token by token in float64 from the visibility
 rules of the paper (extended windows, masked means, a literal shifted query
@@ -279,7 +278,7 @@ def test_matches_dense_reference(kw, causal, use_bias):
   np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
 
 
-# --------------------------------------------------- limiting cases (§1.10)
+# -------------------------- limiting cases (docs/mechanisms/cst.md §8)
 
 
 @pytest.mark.parametrize('causal', [False, True])

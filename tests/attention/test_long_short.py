@@ -1,4 +1,4 @@
-"""Transformer-LS: invariants of ATTENTIONS §2.9 and a dense cross-check.
+"""Transformer-LS: the invariants of docs/mechanisms/long_short.md §8.
 
 The dense reference below is written independently of the module: plain
 numpy in float64, explicit N x N window masks and one softmax per query over

@@ -9,7 +9,7 @@ base = config_lib.load_sibling(
 def get_config(arg=None):
   c = base.get_config('runlocal')
   c.data.max_length = 32
-  c.data.generate.update(num_train=64, num_valid=16, num_test=16,
+  c.data.generator.update(num_train=64, num_valid=16, num_test=16,
                          min_length=5, max_length=32, max_depth=4, max_args=4)
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 1, 16, 2, 16, 16

@@ -18,6 +18,7 @@ def task_config(task, arg='runlocal', **data_overrides):
   for key, value in data_overrides.items():
     if key == 'data_dir':
       config.data_dir = value
+      config.data.generate = not value
     elif isinstance(value, dict):
       config.data[key].update(value)
     else:

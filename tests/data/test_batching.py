@@ -60,8 +60,6 @@ def test_eval_batches_count_every_example_once():
 def test_helpers():
   out = pipeline.pad_or_truncate([[1, 2, 3], [4]], 2)
   np.testing.assert_array_equal(out, [[1, 2], [4, 0]])
-  assert pipeline.smallest_int_dtype(256) == np.uint8
-  assert pipeline.smallest_int_dtype(257) == np.uint16
   assert pipeline.majority_rate(np.array([1, 2, 2, 3])) == (2, 0.5)
   with pytest.raises(ValueError, match='differ in length'):
     pipeline.ArraySource({'a': np.zeros(2), 'b': np.zeros(3)})

@@ -73,7 +73,7 @@ def test_xiong_uses_example_shuffling(tmp_path):
 
 
 def test_runlocal_generated_images(tmp_path):
-  config = task_config('image', generate={'num_train': 30, 'num_test': 10})
+  config = task_config('image', generator={'num_train': 30, 'num_test': 10})
   data = image.get_datasets(config, str(tmp_path))
   assert [len(data.train), len(data.eval), len(data.test)] == [27, 3, 10]
   images, labels = image.synthetic_images(30, 0)

@@ -1,5 +1,6 @@
 """ListOps: generator semantics, determinism and file format; reader errors."""
 
+import gzip
 import hashlib
 import os
 import random
@@ -169,16 +170,18 @@ def test_reader_errors_name_file_and_line(tmp_path, content, match):
 
 
 def test_missing_file_says_how_to_get_data(tmp_path):
-  with pytest.raises(FileNotFoundError, match='lra_release'):
+  with pytest.raises(FileNotFoundError, match='README'):
     listops.read_tsv(str(tmp_path / 'basic_test.tsv'))
 
 
 def _data_config(data_dir=''):
   c = ml_collections.ConfigDict()
+  c.task = 'listops'
   c.data_dir = data_dir
   c.data = ml_collections.ConfigDict(dict(
       task_name='basic', max_length=64, pad_to_length=0,
-      generate=dict(num_train=20, num_valid=6, num_test=6, min_length=5,
+      generate=not data_dir,
+      generator=dict(num_train=20, num_valid=6, num_test=6, min_length=5,
                     max_length=40, max_depth=4, max_args=4, seed=0)))
   return c
 
@@ -216,7 +219,12 @@ def test_pad_to_length_and_bad_data_dir(tmp_path):
   os.makedirs(prepared)
   os.symlink(tmp_path / 'data' / 'listops', prepared / 'listops-1000')
   config.data_dir = str(prepared)
-  assert len(listops.get_datasets(config, str(tmp_path)).train) == 20
+  config.data.generate = False
+  data = listops.get_datasets(config, str(tmp_path))
+  assert len(data.train) == 20
+  # Files written by our generator stay 'generated' wherever they are read.
+  assert data.notes['data_source'] == 'generated'
+  assert data.notes['generator']['seed'] == 0
   with pytest.raises(FileNotFoundError, match='listops-1000'):
     listops.get_datasets(_data_config(str(tmp_path / 'nowhere')),
                          str(tmp_path))
@@ -224,3 +232,41 @@ def test_pad_to_length_and_bad_data_dir(tmp_path):
   bad.data.unknown_key = 1
   with pytest.raises(ValueError, match='unknown_key'):
     listops.get_datasets(bad, str(tmp_path))
+
+
+def test_release_files_are_release_and_gzipped_files_are_read(tmp_path):
+  rows = listops.generate_examples(6, min_length=5, max_length=40,
+                                   max_depth=4, max_args=4, seed=0)
+  for split in listops.SPLITS:
+    path = tmp_path / f'basic_{split}.tsv'
+    listops.write_tsv(str(path), rows)
+    with open(path, 'rb') as src, gzip.open(f'{path}.gz', 'wb') as dst:
+      dst.write(src.read())
+    if split != 'val':
+      os.remove(path)  # train and test only as .tsv.gz
+  data = listops.get_datasets(_data_config(str(tmp_path)), str(tmp_path))
+  assert data.notes['data_source'] == 'release'
+  assert len(data.train) == len(data.test) == len(data.eval) == 6
+
+
+def test_no_data_source_is_an_error_naming_the_prepare_command(tmp_path):
+  config = _data_config()
+  config.data.generate = False
+  with pytest.raises(ValueError, match='lra_msmra.data.prepare '
+                     '--generate_listops') as err:
+    listops.get_datasets(config, str(tmp_path))
+  assert 'data.generate=True' in str(err.value)
+  config.data_dir = str(tmp_path)
+  config.data.generate = True
+  with pytest.raises(ValueError, match='two data sources'):
+    listops.get_datasets(config, str(tmp_path))
+
+
+def test_too_long_line_says_what_to_do(tmp_path):
+  rows = listops.generate_examples(2, min_length=50, max_length=80,
+                                   max_depth=6, max_args=5, seed=0)
+  path = str(tmp_path / 'basic_val.tsv')
+  listops.write_tsv(path, rows)
+  with pytest.raises(ValueError, match=r'basic_val.tsv:2: .* '
+                     r'--config.data.max_length=2000'):
+    listops.read_tsv(path, max_length=40)

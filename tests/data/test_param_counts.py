@@ -1,4 +1,4 @@
-"""Parameter counts of the task configs against PROTOCOL §11.
+"""Parameter counts of the task configs against docs/protocol.md §11.
 
 The LRA-protocol budgets are asserted for every config in
 tests/test_configs.py. Here: the `xiong` configs against Xiong et al.'s
@@ -14,7 +14,7 @@ from lra_msmra import models
 from lra_msmra import train
 from tests.data.helpers import task_config
 
-# PROTOCOL §11, Xiong et al. softmax models, and their vocabulary sizes.
+# docs/protocol.md §11, Xiong et al. softmax models, and their vocabulary sizes.
 XIONG = {'listops': (209_802, 32), 'text': (370_562, 512),
          'retrieval': (395_138, 512), 'image': (174_986, 512),
          'pathfinder': (173_954, 512)}

@@ -66,9 +66,9 @@ def test_metadata_keys_are_lra_keys(tmp_path):
 
 
 def test_generated_runlocal_data_round_trips(tmp_path):
-  config = task_config('pathfinder', generate={'num_examples': 40})
+  config = task_config('pathfinder', generator={'num_examples': 40})
   data = pathfinder.get_datasets(config, str(tmp_path))
-  assert data.notes['generated'] is True
+  assert data.notes['data_source'] == 'mock'
   assert sum(data.notes['empty_pngs_skipped'].values()) == 1
   assert len(data.train) + len(data.eval) + len(data.test) == 40
   batch = data.train.get(np.arange(len(data.train)))
@@ -130,3 +130,21 @@ def test_malformed_metadata_and_missing_folders(tmp_path):
   _fails(tmp_path, 'not a directory', data_dir=str(tmp_path / 'x'))
   with pytest.raises(ValueError, match='resolution=48'):
     pathfinder.get_model_spec(task_config('pathfinder', resolution=48))
+
+
+def test_outer_release_folder_with_two_pathfinder128_copies_is_refused(
+    tmp_path):
+  # The nested archive: <outer>/pathfinder128 beside <outer>/lra_release/.
+  write_release(str(tmp_path), resolution=128, difficulty='hard', num=8,
+                empty=())
+  write_release(str(tmp_path / 'lra_release'), resolution=128,
+                difficulty='hard', num=8, empty=())
+  config = task_config('pathx', None, data_dir=str(tmp_path))
+  with pytest.raises(ValueError, match='two copies of pathfinder128') as e:
+    pathfinder.get_datasets(config, str(tmp_path))
+  assert str(tmp_path / 'lra_release' / 'pathfinder128') in str(e.value)
+  # Pointing at the inner folder reads it.
+  config = task_config('pathx', None,
+                       data_dir=str(tmp_path / 'lra_release'))
+  assert pathfinder.get_datasets(config, str(tmp_path)).notes[
+      'data_source'] == 'release'

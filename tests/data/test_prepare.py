@@ -4,6 +4,7 @@ import json
 import os
 import tarfile
 
+import numpy as np
 import pytest
 
 from lra_msmra.data import listops
@@ -192,3 +193,50 @@ def test_rerun_with_out_inside_the_release(tmp_path, capsys):
     assert code == 0
   with open(os.path.join(out, prepare.MANIFEST)) as f:
     assert json.load(f)['release']['duplicates'] == {}
+
+
+def test_generate_listops_writes_a_stamped_folder(tmp_path, capsys,
+                                                  monkeypatch):
+  small = dict(num_train=12, num_valid=4, num_test=4, min_length=5,
+               max_length=40, max_depth=4, max_args=4)
+  real = listops.generate_dataset
+  monkeypatch.setattr(listops, 'generate_dataset',
+                      lambda folder, seed: real(folder, seed=seed, **small))
+  out = str(tmp_path / 'out')
+  assert prepare.main(['--generate_listops', '--listops_seed', '3',
+                       '--out', out]) == 0
+  printed = capsys.readouterr().out
+  assert 'listops-1000: generated (seed 3)' in printed
+  manifest = json.load(open(os.path.join(out, 'prepared.json')))
+  assert manifest['listops_generated']['settings']['seed'] == 3
+  config = task_config('listops', data_dir=out)
+  config.data.max_length = 64
+  data = listops.get_datasets(config, out)
+  assert data.notes['data_source'] == 'generated'
+  assert (len(data.train), len(data.eval), len(data.test)) == (12, 4, 4)
+  # A folder of release files is never overwritten by generated ones.
+  release = str(tmp_path / 'rel')
+  _task_folders(release)
+  assert prepare.main(['--generate_listops', '--out', release]) == 1
+  assert 'already holds release data' in capsys.readouterr().err
+
+
+def test_undecodable_pngs_are_named(tmp_path, capsys, monkeypatch):
+  root = flat_release(str(tmp_path / 'src'))
+  hard = pathfinder.folder_path(root, 32, 'hard')
+  truncated = os.path.join(hard, 'imgs', '0', 'sample_0.png')
+  with open(truncated, 'r+b') as f:
+    f.truncate(40)
+  wrong_size = os.path.join(hard, 'imgs', '1', 'sample_9.png')
+  pathfinder.write_png(wrong_size, np.zeros((16, 16), np.uint8))
+  out = str(tmp_path / 'out')
+  code, _, err = _run(capsys, '--lra_release', root, '--out', out)
+  assert code == 1
+  assert '2 image(s)' in err
+  assert f'{truncated}: cannot decode the PNG' in err
+  assert f'{wrong_size}: expected a 32x32 single-channel image' in err
+  assert not os.path.exists(os.path.join(out, prepare.MANIFEST))
+  # Many bad files: the first ones are named, the rest counted.
+  monkeypatch.setattr(prepare, 'MAX_LISTED', 1)
+  code, _, err = _run(capsys, '--lra_release', root, '--out', out)
+  assert code == 1 and '... and 1 more' in err

@@ -107,10 +107,10 @@ def test_missing_file_and_folder(tmp_path):
 
 
 def test_generated_runlocal_data_round_trips(tmp_path):
-  config = task_config('retrieval', generate={'num_train': 16,
+  config = task_config('retrieval', generator={'num_train': 16,
                                               'num_valid': 8, 'num_test': 8})
   data = retrieval.get_datasets(config, str(tmp_path))
-  assert data.notes['generated']
+  assert data.notes['data_source'] == 'mock'
   paths = [retrieval.split_path(data.notes['data_dir'], s)
            for s in ('train', 'eval', 'test')]
   _, _, labels = retrieval.read_tsv(paths[0])

@@ -11,14 +11,14 @@ from tests.data.helpers import task_config
 # Generated data as small as the splits allow; test splits stay tiny because
 # the trainer evaluates them whole.
 SMALL_DATA = {
-    'listops': {'generate': {'num_train': 16, 'num_valid': 8,
+    'listops': {'generator': {'num_train': 16, 'num_valid': 8,
                              'num_test': 8}},
-    'text': {'generate': {'num_train': 16, 'num_test': 8}},
-    'retrieval': {'generate': {'num_train': 16, 'num_valid': 8,
+    'text': {'generator': {'num_train': 16, 'num_test': 8}},
+    'retrieval': {'generator': {'num_train': 16, 'num_valid': 8,
                                'num_test': 8}},
-    'image': {'generate': {'num_train': 20, 'num_test': 8}},
-    'pathfinder': {'generate': {'num_examples': 30}},
-    'pathx': {'generate': {'num_examples': 30}},
+    'image': {'generator': {'num_train': 20, 'num_test': 8}},
+    'pathfinder': {'generator': {'num_examples': 30}},
+    'pathx': {'generator': {'num_examples': 30}},
 }
 
 
@@ -38,9 +38,21 @@ def test_one_train_and_eval_step(task, tmp_path):
   assert results['final']['step'] == 1
   assert 0.0 <= results['test_accuracy'] <= 1.0
   notes = results['data_notes']
-  assert notes['generated'] is True
+  assert notes['data_source'] == ('generated' if task == 'listops' else
+                                  'mock')
   if task != 'listops':
     for switch in ('zero_id_is_padding', 'pooling', 'train_shuffle'):
       assert switch in notes
   with open(os.path.join(workdir, 'results.json')) as f:
-    assert json.load(f)['task'] == task
+    written = json.load(f)
+  assert written['task'] == task
+  # Provenance: data source, setting fingerprint, code, versions, devices,
+  # times.
+  assert written['data_source']['kind'] == notes['data_source']
+  assert len(written['setting_fingerprint']) == 12
+  prov = written['provenance']
+  assert len(prov['code']['commit']) == 40
+  assert prov['versions']['jax'] and prov['versions']['flax']
+  assert prov['devices']['platform'] == 'cpu'
+  assert prov['devices']['num_devices'] >= 1
+  assert 0 < written['train_seconds'] <= written['wall_seconds']

@@ -30,7 +30,7 @@ def test_batches_exact_ids_and_validation_is_test(tmp_path):
   assert [len(data.train), len(data.eval), len(data.test)] == [3, 2, 2]
   assert data.eval is data.test  # P5.
   assert data.notes['validation_is_test'] is True
-  assert data.notes['generated'] is False
+  assert data.notes['data_source'] == 'release'
   batch = data.train.get(np.arange(3))
   assert set(batch) == {'inputs', 'targets'}
   assert batch['inputs'].shape == (3, 12)
@@ -57,9 +57,9 @@ def test_papers_length_and_xiong_padding(tmp_path):
 
 
 def test_runlocal_generated_reviews_are_learnable_format(tmp_path):
-  config = task_config('text', generate={'num_train': 40, 'num_test': 10})
+  config = task_config('text', generator={'num_train': 40, 'num_test': 10})
   data = text.get_datasets(config, str(tmp_path))
-  assert data.notes['generated'] is True
+  assert data.notes['data_source'] == 'mock'
   assert (len(data.train), len(data.test)) == (40, 10)
   texts, labels = text.synthetic_reviews(40, 0)
   batch = data.train.get(np.arange(40))

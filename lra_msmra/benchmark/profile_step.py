@@ -1,0 +1,217 @@
+r"""Where a training step's time goes, by part of the model (CPU backend).
+
+  python -m lra_msmra.benchmark.profile_step \
+      --config configs/listops/cst.py:xiong [--steps 5] [--out DIR]
+
+Builds the config's model, optimizer and jitted training step exactly as the
+trainer does, on one device, feeds it a batch of the config's shape (random
+tokens, random real lengths between a quarter of the input length and all
+of it), and reports:
+
+* the steady-state time of one step (median over `--steps`, compilation
+  excluded);
+* a profile of two more steps (`jax.profiler`), whose XLA operations are
+  summed by the model code they come from: dropout random bits, applying
+  dropout, layer norms, GELU, the MLP, the attention layer (its projections
+  included), embeddings, the classifier head, the optimizer update, other.
+
+Summed operation times can exceed the step time when operations run on
+several threads at once. The trace parser reads the XLA CPU runtime's
+events; on other backends only the step time is reported. Reading the trace
+needs TensorFlow's profiler protos (installed with `tensorflow-cpu`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_msmra import config_lib
+from lra_msmra import cpu_rng
+from lra_msmra import data as data_lib
+from lra_msmra import train
+
+# (part, pattern of the operation's source path), first match wins.
+PARTS = (
+    ('dropout random bits', r'_bernoulli|_uniform|threefry|random_bits'),
+    ('dropout', r'Dropout|attention_dropout'),
+    ('layer norm', r'/ln_|encoder_norm|LayerNorm'),
+    ('gelu', r'erf|gelu'),
+    ('mlp', r'/mlp/'),
+    ('attention', r'attention'),
+    ('embeddings', r'/embed|pos_embedding'),
+    ('head', r'/head/'),
+    ('optimizer', r'adam|optax|apply_updates|global_norm|clip'),
+)
+
+
+def part_of(source: str) -> str:
+  for name, pattern in PARTS:
+    if re.search(pattern, source):
+      return name
+  return 'other'
+
+
+def load_config(spec: str):
+  path, _, arg = spec.partition(':')
+  module = config_lib.load_sibling(os.path.abspath(path),
+                                   os.path.basename(path)[:-3])
+  return module.get_config(arg or None)
+
+
+def example_batch(spec: Mapping[str, Any], batch_size: int, seed: int = 0
+                  ) -> dict[str, jax.Array]:
+  rng = np.random.default_rng(seed)
+  length = spec['max_len']
+  batch = {}
+  for key in ('inputs', 'inputs2') if spec['dual'] else ('inputs',):
+    ids = np.zeros((batch_size, length), np.int32)
+    for row, n in enumerate(rng.integers(length // 4, length + 1,
+                                         batch_size)):
+      ids[row, :n] = rng.integers(1, spec['vocab_size'], n)
+    batch[key] = jnp.asarray(ids)
+  batch['targets'] = jnp.asarray(rng.integers(0, spec['num_classes'],
+                                              batch_size), jnp.int32)
+  return batch
+
+
+def _op_sources(hlo_text: str) -> dict[str, str]:
+  """HLO instruction name -> the JAX source path in its metadata."""
+  out = {}
+  for line in hlo_text.split('\n'):
+    m = re.match(r'\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]*)"', line)
+    if m:
+      out[m.group(1)] = m.group(2)
+  return out
+
+
+def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
+                 ) -> Optional[dict[str, float]]:
+  """Seconds per part and step from the XLA CPU runtime's trace events."""
+  try:
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  files = sorted(glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
+                           recursive=True))
+  if not files:
+    return None
+  space = xplane_pb2.XSpace()
+  with open(files[-1], 'rb') as f:
+    space.ParseFromString(f.read())
+  parts: collections.Counter[str] = collections.Counter()
+  for plane in space.planes:
+    names = {k: v.name for k, v in plane.event_metadata.items()}
+    for line in plane.lines:
+      if 'XLAEigen' not in line.name:  # XLA CPU's compute threads
+        continue
+      for event in line.events:
+        name = names.get(event.metadata_id, '')
+        if name in sources:
+          parts[part_of(sources[name])] += event.duration_ps / 1e12 / steps
+        elif not name.startswith('ThunkExecutor'):
+          parts['other'] += event.duration_ps / 1e12 / steps
+  return dict(parts) if parts else None
+
+
+def profile(config, *, steps: int, batch_size: Optional[int], seed: int = 0,
+            trace_dir: Optional[str] = None) -> dict[str, Any]:
+  spec = data_lib.get_model_spec(config)
+  model, tx, schedule = train.build(config, spec)
+  batch_size = batch_size or config.batch_size
+  init = functools.partial(train.create_train_state, model=model, tx=tx,
+                           batch=train.example_batch(spec))
+  state = jax.jit(init)(jax.random.PRNGKey(seed))
+  batch = example_batch(spec, batch_size, seed)
+  step = jax.jit(functools.partial(
+      train.train_step, model=model, tx=tx, schedule=schedule,
+      grad_accum_steps=config.grad_accum_steps), donate_argnums=0)
+  start = time.perf_counter()
+  state, metrics = step(state, batch)
+  jax.block_until_ready(metrics)
+  compile_seconds = time.perf_counter() - start
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  result = {'step_seconds': statistics.median(times),
+            'step_seconds_all': times, 'first_step_seconds': compile_seconds,
+            'batch': batch_size, 'length': spec['max_len'],
+            'backend': jax.default_backend(), 'parts': None}
+  if jax.default_backend() != 'cpu':
+    return result
+  trace_dir = trace_dir or tempfile.mkdtemp(prefix='profile_step_')
+  sources = _op_sources(step.lower(state, batch).compile().as_text())
+  jax.profiler.start_trace(trace_dir)
+  for _ in range(2):
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+  jax.profiler.stop_trace()
+  result['parts'] = _trace_parts(trace_dir, sources, 2)
+  return result
+
+
+def markdown(name: str, result: Mapping[str, Any]) -> str:
+  lines = [f'`{name}`: batch {result["batch"]} × {result["length"]} '
+           f'tokens, {result["step_seconds"]:.3f} s per step (median), first '
+           f'step with compilation {result["first_step_seconds"]:.1f} s.']
+  parts = result.get('parts')
+  if parts:
+    total = sum(parts.values())
+    lines += ['', '| part | seconds per step | share of operation time |',
+              '|---|---|---|']
+    for part, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
+      lines.append(f'| {part} | {seconds:.3f} | {100 * seconds / total:.0f}% '
+                   '|')
+    lines.append(f'| all operations | {total:.3f} | 100% |')
+  return '\n'.join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  p = argparse.ArgumentParser(prog='python -m lra_msmra.benchmark.profile_step',
+                              description=__doc__.split('\n\n')[0])
+  p.add_argument('--config', required=True, action='append',
+                 help='config file with options (repeatable)')
+  p.add_argument('--steps', type=int, default=5)
+  p.add_argument('--batch', type=int, default=None,
+                 help='batch size (default: the config\'s)')
+  p.add_argument('--rng', choices=('unrolled', 'default'), default='unrolled',
+                 help='CPU Threefry lowering: the trainer\'s (unrolled) or '
+                      'JAX\'s default loop, to see what the unrolled one saves')
+  p.add_argument('--out', default=None, help='folder for profile.json')
+  args = p.parse_args(argv)
+  if args.rng == 'unrolled':
+    cpu_rng.use_unrolled_threefry()
+  report = {'load_average': os.getloadavg(), 'rng': args.rng, 'runs': {}}
+  for spec in args.config:
+    result = profile(load_config(spec), steps=args.steps,
+                     batch_size=args.batch)
+    report['runs'][spec] = result
+    print(markdown(spec, result), '\n', flush=True)
+  print('load average: ' + ', '.join(f'{x:.2f}'
+                                     for x in report['load_average']))
+  if args.out:
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, 'profile.json'), 'w') as f:
+      json.dump(report, f, indent=1)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,96 @@
+"""What makes two runs comparable: the setting of a run and its fingerprint.
+
+A run's *setting* is its config flattened to dotted keys, without the keys
+that cannot change its numbers (where the data lives, the seed, logging and
+checkpoint periods, evaluation batch size, gradient accumulation), plus
+where its examples came from (`data_source`: release files, our seeded
+generator with its settings, or mock examples). Runs with equal settings
+differ only by seed; `python -m lra_msmra.results` averages exactly those.
+
+The *fingerprint* is a short hash of the setting, written to `results.json`
+so runs can be told apart at a glance. A run has the *official config* of a
+protocol when its setting equals that of one of our config files under the
+protocol's option with no override (see `lra_msmra.results`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+# Config keys that never change what a run computes (or only its rounding,
+# for eval_batch_size and grad_accum_steps), so runs that differ in them are
+# the same experiment. data.generate/data.generator are replaced by the
+# recorded data source, which says what the data actually was.
+IGNORED_KEYS = ('seed', 'data_dir', 'data.generate', 'data.generator',
+                'log_every_steps', 'checkpoint_every_steps',
+                'max_checkpoints_to_keep', 'eval_batch_size',
+                'grad_accum_steps')
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
+  """{'a': {'b': 1}} -> {'a.b': 1}; lists and tuples become lists."""
+  out = {}
+  for key, value in tree.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, Mapping):
+      out.update(flatten(value, name + '.'))
+    else:
+      out[name] = list(value) if isinstance(value, (list, tuple)) else value
+  return out
+
+
+def _ignored(key: str) -> bool:
+  return any(key == k or key.startswith(k + '.') for k in IGNORED_KEYS)
+
+
+def data_source_record(notes: Mapping[str, Any]) -> dict[str, Any]:
+  """The data source of a run from its data notes: {'kind': ...} plus the
+  generator settings for generated data."""
+  kind = notes.get('data_source')
+  if kind is None:  # Written before sources were recorded: unknown.
+    kind = 'unknown'
+  record: dict[str, Any] = {'kind': kind}
+  if kind == 'generated' and 'generator' in notes:
+    record['generator'] = dict(notes['generator'])
+  return record
+
+
+def setting(config: Mapping[str, Any],
+            data_source: Mapping[str, Any]) -> dict[str, Any]:
+  """The flattened config without ignored keys, plus the data source."""
+  out = {k: v for k, v in flatten(config).items() if not _ignored(k)}
+  out.update({f'data_source.{k}': v
+              for k, v in flatten(data_source).items()})
+  return out
+
+
+def fingerprint(values: Mapping[str, Any]) -> str:
+  """A 12-hex-digit hash of a setting."""
+  text = json.dumps(values, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def differences(values: Mapping[str, Any], reference: Mapping[str, Any],
+                *, skip_prefix: str = 'data_source.') -> list[str]:
+  """`key=value` for every key whose value differs from `reference`
+  (`key=(absent)` where the run lacks it); keys under `skip_prefix` are left
+  out (the data source is reported on its own)."""
+  out = []
+  for key in sorted(set(values) | set(reference)):
+    if key.startswith(skip_prefix):
+      continue
+    if values.get(key, _MISSING) != reference.get(key, _MISSING):
+      value = values.get(key, _MISSING)
+      out.append(f'{key}={"(absent)" if value is _MISSING else _fmt(value)}')
+  return out
+
+
+_MISSING = object()
+
+
+def _fmt(value: Any) -> str:
+  if isinstance(value, str):
+    return value
+  return json.dumps(value)

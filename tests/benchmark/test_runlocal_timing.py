@@ -1,0 +1,44 @@
+"""The runlocal timing command's table and doc update (no job is run)."""
+
+import pytest
+
+from lra_msmra.benchmark import runlocal
+
+
+def _report():
+  return {'settings': {'date': '2026-01-01 00:00 UTC', 'machine': '2 CPU cores',
+                       'load_start': '0.10', 'load_end': '0.20',
+                       'commit': 'abcdef0123456789', 'command': 'cmd'},
+          'records': [
+              {'task': 'listops', 'config': 'cst', 'status': 'ok',
+               'wall_seconds': 95.4, 'test_accuracy': 0.352, 'majority': 0.17,
+               'steps': 1500, 'steps_per_sec': 21.04},
+              {'task': 'pathx', 'config': 'adamra', 'status': 'ok',
+               'wall_seconds': 400.0, 'test_accuracy': 0.5, 'majority': 0.54,
+               'steps': 300, 'steps_per_sec': None},
+              {'task': 'text', 'config': 'nope', 'status': 'no such config'}]}
+
+
+def test_table_marks_slow_jobs_and_unlearned_tasks():
+  table = runlocal.markdown(_report())
+  assert '| listops | `cst` | 1:35 | 35.2% | 17.0% | yes (+18.2) | 1500 | 21.0 |' in table
+  assert '6:40 (over 5:00)' in table and 'no (-4.0)' in table
+  assert '| text | `nope` | — | no such config |' in table
+  assert 'commit `abcdef0123`' in table and 'load average at start 0.10' in table
+
+
+def test_doc_table_is_replaced_between_markers(tmp_path):
+  doc = tmp_path / 'd.md'
+  doc.write_text(f'intro\n{runlocal.BEGIN}\nold\n{runlocal.END}\noutro\n')
+  runlocal.write_doc(str(doc), 'NEW TABLE')
+  assert doc.read_text() == (f'intro\n{runlocal.BEGIN}\nNEW TABLE\n'
+                             f'{runlocal.END}\noutro\n')
+  bare = tmp_path / 'bare.md'
+  bare.write_text('no markers')
+  with pytest.raises(SystemExit, match='markers'):
+    runlocal.write_doc(str(bare), 'x')
+
+
+def test_missing_config_is_reported_not_run(tmp_path):
+  record = runlocal.run_job('listops', 'no_such_config', str(tmp_path), 10)
+  assert record['status'] == 'no such config'

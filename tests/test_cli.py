@@ -1,0 +1,78 @@
+"""The command line's exits: one line for the user's errors, signal codes."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from lra_msmra import errors
+from lra_msmra import main as main_lib
+from lra_msmra import train
+from lra_msmra import workdir_lock
+from tests import helpers
+
+
+def _raise(error):
+  def fn():
+    raise error
+  return fn
+
+
+def test_user_errors_print_one_line(capsys):
+  error = errors.mark(ValueError('config.batch_size=0 must be a positive\n'
+                                 '  integer.'))
+  assert main_lib.run_guarded(_raise(error)) == 1
+  assert capsys.readouterr().err == (
+      'error: config.batch_size=0 must be a positive integer.\n')
+
+
+def test_other_errors_keep_their_traceback():
+  with pytest.raises(ValueError, match='a bug'):
+    main_lib.run_guarded(_raise(ValueError('a bug')))
+
+
+@pytest.mark.parametrize('signum,status', [(signal.SIGTERM, 143),
+                                           (signal.SIGINT, 130)])
+def test_a_saved_stop_exits_with_the_signal_status(signum, status):
+  assert main_lib.run_guarded(_raise(train.Preempted(3, signum))) == status
+
+
+def test_second_ctrl_c_exits_without_a_traceback(capsys):
+  assert main_lib.run_guarded(_raise(KeyboardInterrupt())) == 130
+  assert 'rerun the same command' in capsys.readouterr().err
+
+
+def test_unknown_key_message_names_the_override_and_the_fix():
+  argv = ['main', '--config', 'configs/listops/transformer.py:runlocal',
+          '--config.model.num_layerz=3']
+  config = helpers.load_config('configs/listops/transformer.py', 'runlocal')
+  with pytest.raises(AttributeError) as error:  # What the override meets.
+    getattr(config.model, 'num_layerz')
+  error = error.value
+  assert main_lib.unknown_key_message(argv, error) == (
+      "--config.model.num_layerz=3: configs/listops/transformer.py has no "
+      "key 'num_layerz'; did you mean 'num_layers'?")
+
+
+def test_locked_workdir_is_one_line_without_traceback(tmp_path):
+  """The whole command: quiet libraries, the refusal in one line."""
+  holder = {'pid': os.getppid(), 'host': socket.gethostname(),
+            'started': 'earlier', 'command': 'python -m lra_msmra.main ...',
+            'process_start': workdir_lock._process_start(os.getppid()),  # pylint: disable=protected-access
+            'pid_namespace': workdir_lock._pid_namespace()}  # pylint: disable=protected-access
+  (tmp_path / workdir_lock.LOCK_FILE).write_text(json.dumps(holder))
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'lra_msmra.main', '--config',
+       'tests/configs/tiny_listops.py', '--workdir', str(tmp_path)],
+      cwd=helpers.ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert proc.stdout == ''
+  [line] = proc.stderr.splitlines()
+  assert line.startswith(f'error: Another run is using {tmp_path}: process '
+                         f'{os.getppid()} on host {socket.gethostname()}')

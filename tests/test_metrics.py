@@ -1,0 +1,93 @@
+"""The progress line's timing and ETA, and metrics.jsonl across resumes."""
+
+import io
+import json
+
+import pytest
+
+from lra_msmra import metrics
+
+
+class Clock:
+  def __init__(self):
+    self.now = 1000.0
+
+  def __call__(self):
+    return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+  c = Clock()
+  monkeypatch.setattr(metrics.time, 'time', c)
+  return c
+
+
+def test_eta_leaves_out_compilation_and_evaluations(clock):
+  out = io.StringIO()
+  progress = metrics.Progress(total_steps=100, start_step=0, stream=out)
+  clock.now += 600.0  # Compiling the training step and running step 1.
+  progress.compiled(1)
+  clock.now += 9.0  # Steps 2..10 at 1 step/s.
+  assert progress.update(10, {'loss': 1.0}) == pytest.approx(1.0)
+  # 90 steps at 1 step/s; no evaluation timed yet.
+  assert out.getvalue().splitlines()[-1].endswith('ETA 1:30 + eval')
+  clock.now += 300.0  # A slow evaluation ...
+  progress.exclude(300.0)
+  clock.now += 10.0  # ... then steps 11..20 at 1 step/s.
+  # The evaluations left (measured speed) are added to the ETA.
+  assert progress.update(20, {}, eval_seconds_left=40.0) == pytest.approx(1.0)
+  assert out.getvalue().splitlines()[-1] == (
+      'step 20/100 | 1.00 steps/s | ETA 2:00')
+  assert progress.steps_per_sec(20) == pytest.approx(1.0)
+
+
+def test_no_rate_before_a_steady_step(clock):
+  out = io.StringIO()
+  progress = metrics.Progress(total_steps=5, start_step=3, stream=out)
+  clock.now += 100.0
+  progress.compiled(4)
+  assert progress.update(4, {}) is None
+  assert out.getvalue().strip() == 'step 4/5 | ? steps/s | ETA ?'
+  assert progress.steps_per_sec(4) is None
+  clock.now += 2.0
+  progress.update(5, {}, eval_seconds_left=65.0)
+  assert out.getvalue().splitlines()[-1] == (
+      'step 5/5 | 0.50 steps/s | ETA 1:05')
+
+
+def test_evaluation_progress_is_throttled(clock, capsys):
+  progress = metrics.EvalProgress('test', total=100)
+  clock.now += 60.0  # The first batch (compilation) does not count.
+  progress.start()
+  clock.now += metrics.EVAL_PROGRESS_SECONDS - 1
+  assert not progress.due(10)
+  clock.now += 1
+  assert progress.due(11)
+  progress.report(11)
+  assert capsys.readouterr().out == (
+      '  test: 11/100 batches, 0:10 elapsed, ~1:29 left\n')
+  assert not progress.due(12)
+  clock.now += metrics.EVAL_PROGRESS_SECONDS
+  assert progress.due(50) and not progress.due(100)
+
+
+def test_resumed_writer_keeps_each_step_once(tmp_path):
+  logdir = tmp_path / 'tensorboard'
+  writer = metrics.Writer(str(logdir))
+  for step in (1, 2, 3, 4):
+    writer.write(step, {'train/loss': float(step)})
+    writer.write(step, {'val/accuracy': 0.5})
+  writer.close()
+  path = logdir / metrics.METRICS_FILE
+  with open(path, 'a') as f:
+    f.write('{"step": 5, "train/lo')  # Cut short by a kill.
+  # The checkpoint the run resumes from is step 2.
+  writer = metrics.Writer(str(logdir), resume_step=2)
+  for step in (3, 4):
+    writer.write(step, {'train/loss': 10.0 + step})
+  writer.close()
+  records = [json.loads(line) for line in open(path)]
+  assert [r['step'] for r in records] == [1, 2, 3, 4]
+  assert records[1] == {'step': 2, 'train/loss': 2.0, 'val/accuracy': 0.5}
+  assert records[3] == {'step': 4, 'train/loss': 14.0}
