@@ -6,7 +6,7 @@ For every config file given (default: every config of every task), at the
 config's own size and global batch, with nothing allocated:
 
 1. The trainer's jitted training step (forward, loss, backward, optimizer
-   update) and evaluation step, built as `lra_msmra.train` builds them over
+   update) and evaluation step, built by `lra_msmra.steps` as the trainer builds them over
    a data-parallel mesh of `--devices` devices, are lowered for TPU and GPU
    with `jax.export.export(..., platforms=('tpu', 'cuda'))`. A step that does
    not lower is reported per platform with the operation that failed.
@@ -93,30 +93,31 @@ def build_steps(config, mesh, abstract: Any = None) -> Steps:
 
   The batch sizes are the config's (global); the state and batches are
   `jax.ShapeDtypeStruct`s with the trainer's shardings. `abstract`, the
-  train state's shapes (`train.abstract_train_state`), may be passed in
+  train state's shapes (`steps.abstract_train_state`), may be passed in
   when already known: it does not depend on `config.model.dtype`.
   """
   import jax  # pylint: disable=g-import-not-at-top
   from lra_msmra import data as data_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
-  from lra_msmra import train  # pylint: disable=g-import-not-at-top
+  from lra_msmra import steps as steps_lib  # pylint: disable=g-import-not-at-top
 
   spec = data_lib.get_model_spec(config)
-  model, tx, schedule = train.build(config, spec)
+  model, tx, schedule = steps_lib.build(config, spec)
   if abstract is None:
-    abstract = train.abstract_train_state(config, spec)
+    abstract = steps_lib.abstract_train_state(config, spec)
   state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract)
   state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
       abstract, state_sharding)
-  train_fn, eval_fn = train.jit_steps(config, model, tx, schedule, mesh,
-                                      state_sharding)
+  train_fn, eval_fn = steps_lib.jit_steps(config, model, tx, schedule, mesh,
+                                          state_sharding)
+  train_batch = steps_lib.abstract_batch(spec, config.batch_size, mesh)
+  eval_batch = steps_lib.abstract_batch(spec, config.eval_batch_size, mesh,
+                                        train=False)
   return Steps(
       config=config, spec=spec, model=model, state=state,
-      train=Program('train_step', train_fn, (state, train.abstract_batch(
-          spec, config.batch_size, mesh))),
-      eval=Program('eval_step', eval_fn, (state.params, train.abstract_batch(
-          spec, config.eval_batch_size, mesh, train=False))))
+      train=Program('train_step', train_fn, (state, train_batch)),
+      eval=Program('eval_step', eval_fn, (state.params, eval_batch)))
 
 
 def _one_line(text: str, limit: int = 2000) -> str:
@@ -240,13 +241,13 @@ def local_config(config, devices: int):
 def saved_activations(steps: Steps) -> list[Any]:
   """Avals the forward pass of one micro-batch keeps for the backward pass.
 
-  The residuals of `jax.vjp` of the training loss (`train.loss_fn`) with
+  The residuals of `jax.vjp` of the training loss (`steps.loss_fn`) with
   respect to the parameters, as JAX's autodiff produces them before XLA
   optimises the program; the parameters themselves (counted as parameters),
   literals and duplicates are left out.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from lra_msmra import train  # pylint: disable=g-import-not-at-top
+  from lra_msmra import steps as steps_lib  # pylint: disable=g-import-not-at-top
 
   state, batch = steps.train.args
   k = steps.config.grad_accum_steps
@@ -254,8 +255,8 @@ def saved_activations(steps: Steps) -> list[Any]:
       (x.shape[0] // k,) + x.shape[1:], x.dtype), batch)
   params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                         state.params)
-  loss = lambda p, b: train.loss_fn(p, b, jax.random.PRNGKey(0),
-                                    model=steps.model)
+  loss = lambda p, b: steps_lib.loss_fn(p, b, jax.random.PRNGKey(0),
+                                        model=steps.model)
   closed, shapes = jax.make_jaxpr(
       lambda p, b: jax.vjp(lambda q: loss(q, b), p, has_aux=True),
       return_shape=True)(params, micro)
@@ -510,9 +511,9 @@ def main(argv: Sequence[str]) -> int:
   args = parse_args(argv[1:])
   _use_fake_cpu_devices(args.devices)
   import jax  # pylint: disable=g-import-not-at-top
-  from lra_msmra import config_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra import cpu_rng  # pylint: disable=g-import-not-at-top
   from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
+  from lra_msmra import validation  # pylint: disable=g-import-not-at-top
 
   if jax.device_count() < args.devices:
     raise SystemExit(f'{jax.device_count()} devices, --devices '
@@ -529,7 +530,7 @@ def main(argv: Sequence[str]) -> int:
         config.model.dtype = args.dtype
       for item in args.set:
         _apply_override(config, item)
-      config_lib.validate(config)
+      validation.validate(config)
       sharding.check_batch_size('batch_size', config.batch_size, mesh,
                                 config.grad_accum_steps)
       sharding.check_batch_size('eval_batch_size', config.eval_batch_size,

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_msmra import config_lib
 from lra_msmra import models
+from lra_msmra import validation
 from lra_msmra.attention import cst
 from lra_msmra.attention import softmax
 from tests import helpers
@@ -565,10 +565,10 @@ def test_invalid_knobs_are_rejected(kw, match):
   config.model.attention = 'cst'
   config.model.attention_kw = kw
   with pytest.raises(ValueError, match=match):
-    config_lib.validate(config)
+    validation.validate(config)
   # and the same config with a valid CST knob set passes.
   config.model.attention_kw = {'slice_length': 4, 'alpha': 2}
-  config_lib.validate(config)
+  validation.validate(config)
 
 
 # --------------------------------------------------------------- efficiency
