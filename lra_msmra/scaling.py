@@ -6,8 +6,8 @@ For every config file given (default: every config of every task), at the
 config's own size and global batch, with nothing allocated:
 
 1. The trainer's jitted training step (forward, loss, backward, optimizer
-   update) and evaluation step, built by `lra_msmra.steps` as the trainer builds them over
-   a data-parallel mesh of `--devices` devices, are lowered for TPU and GPU
+   update) and evaluation step (`lra_msmra.steps.jit_steps`), over a
+   data-parallel mesh of `--devices` devices, are lowered for TPU and GPU
    with `jax.export.export(..., platforms=('tpu', 'cuda'))`. A step that does
    not lower is reported per platform with the operation that failed.
 2. Figures: the parameters and the bytes of parameters and optimizer state
