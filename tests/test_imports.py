@@ -123,6 +123,12 @@ def test_the_package_has_no_import_cycle():
       _describe(c, graph) for c in found)
 
 
+def test_config_lib_is_a_leaf():
+  # The config's shape and presets; the checks that need the packages owning
+  # the values are lra_msmra.validation.
+  assert import_graph()['lra_msmra.config_lib'] == set()
+
+
 def test_the_graph_sees_imports_inside_functions(tmp_path):
   pkg = tmp_path / 'pkg'
   (pkg / 'sub').mkdir(parents=True)
