@@ -10,7 +10,7 @@ import pytest
 from lra_msmra import attention
 from lra_msmra import config_lib
 from lra_msmra import data as data_lib
-from lra_msmra import train
+from lra_msmra import steps
 from lra_msmra import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +40,7 @@ def load(path, arg=None):
 
 def num_params(config):
   spec = data_lib.get_model_spec(config)
-  state = train.abstract_train_state(config, spec)
+  state = steps.abstract_train_state(config, spec)
   return sum(x.size for x in jax.tree_util.tree_leaves(state.params))
 
 

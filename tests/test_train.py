@@ -19,6 +19,7 @@ import lra_msmra
 from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
 from lra_msmra import sharding
+from lra_msmra import steps
 from lra_msmra import train
 from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
@@ -82,7 +83,7 @@ def test_learning_warnings():
 
 def _evaluate(model, params, source, batch_size=8):
   mesh = sharding.create_mesh()
-  fn = jax.jit(functools.partial(train.eval_step, model=model))
+  fn = jax.jit(functools.partial(steps.eval_step, model=model))
   params = jax.device_put(params, sharding.replicated(mesh))
   return train.evaluate(fn, params, source, batch_size, -1, mesh)
 
@@ -257,13 +258,13 @@ def test_batch_size_must_divide_devices(tmp_path):
 
 def _one_step(config, mesh, batch):
   spec = data_lib.get_model_spec(config)
-  model, tx, schedule = train.build(config, spec)
-  state = train.create_train_state(jax.random.PRNGKey(0), model, tx,
-                                   train.example_batch(spec))
+  model, tx, schedule = steps.build(config, spec)
+  state = steps.create_train_state(jax.random.PRNGKey(0), model, tx,
+                                   steps.example_batch(spec))
   rep = sharding.replicated(mesh)
   state = jax.device_put(state, rep)
   step = jax.jit(functools.partial(
-      train.train_step, model=model, tx=tx, schedule=schedule,
+      steps.train_step, model=model, tx=tx, schedule=schedule,
       grad_accum_steps=config.grad_accum_steps),
                  out_shardings=(rep, rep))
   new_state, metrics = step(state, sharding.to_global(batch, mesh))

@@ -262,18 +262,31 @@ def _softmax_terms(logits: Sequence[Array], valid: Sequence[Array], axis: int
 
 
 def after(anchor: Array, *arrays: Array) -> tuple[Array, ...]:
-  """`arrays`, made to depend on `anchor` (adds 0 * one of its entries).
+  """`arrays`, made to depend on `anchor` (adds 0 * one entry per row).
 
   XLA's CPU backend drops `lax.optimization_barrier` before scheduling, so
   work that only reads other values is free to run, or to be merged with an
   identical computation, long before `anchor` exists, and its full-size
   results then stay live in between (e.g. a backward pass recomputing
   forward values before the cotangent arrives). A data dependency on
-  `anchor` keeps it after. The values are unchanged unless that entry of
-  `anchor` is not finite (then they become NaN).
+  `anchor` keeps it after. On other backends the barrier already does this
+  and the dependency is one small fused add.
+
+  `anchor` and `arrays` share their leading (batch) axis, and row b of each
+  array depends on row b of `anchor` only: under data parallelism every
+  device reads its own rows. (A single entry of the whole `anchor` would
+  cost one cross-device all-reduce per call.) The values are unchanged
+  unless that entry of `anchor`'s row is not finite (then the row becomes
+  NaN).
   """
-  zero = 0.0 * anchor.reshape(-1)[0]
-  return tuple(a + zero.astype(a.dtype) for a in arrays)
+  rows = anchor.shape[0]
+  zero = 0.0 * anchor.reshape(rows, -1)[:, 0]
+  for a in arrays:
+    if a.shape[:1] != (rows,):
+      raise ValueError(f'after: shape {a.shape} does not share the leading '
+                       f'axis of the anchor {anchor.shape}.')
+  return tuple(a + zero.reshape((rows,) + (1,) * (a.ndim - 1)).astype(a.dtype)
+               for a in arrays)
 
 
 def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:

@@ -48,6 +48,13 @@ padded queries, before dropout, `[B, H, N, slots]`: projected slots first,
 then window slots in key order), at the internally padded length. During
 training the metric `long_range_mass` is the mean weight on projected keys
 over real queries, when both parts are present.
+
+On TPU and GPU the same program runs: both custom backward passes recompute
+as on CPU and XLA keeps their optimization barriers, so the extra dependency
+on the cotangent is one small fused add per DualLN, local to each device's
+batch rows. The tiling was chosen by CPU timings; `tests/test_export.py`
+checks that every config lowers for both platforms (memory there has not
+been measured).
 """
 
 from __future__ import annotations
@@ -104,10 +111,10 @@ def _layer_norm_bwd(residuals, d_y):
   # Keep XLA from merging the recomputation of x_hat with the forward
   # pass's: merged, the centred input and a full-size broadcast of inv_std
   # would stay live from the forward pass to the backward one. The barrier
-  # does that where the backend keeps it; XLA's CPU backend drops
+  # does that where the backend keeps it (TPU, GPU); XLA's CPU backend drops
   # optimization barriers, so the statistics are also made to depend on d_y
-  # (`base.after`), which only exists in the backward pass. That saves
-  # 32 MiB of temporary memory at N = 4096, D = 256, batch 4.
+  # (`base.after`, row by row), which only exists in the backward pass. That
+  # saves 32 MiB of temporary memory at N = 4096, D = 256, batch 4.
   (x, scale, mean, inv_std), d_y = jax.lax.optimization_barrier(
       (residuals, d_y))
   rows = tuple(range(x.ndim - 2))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from lra_msmra import models
-from lra_msmra import train
+from lra_msmra import steps
 from lra_msmra.attention import adamra
 
 FEATURES, SUBHEADS = 16, 2
@@ -548,7 +548,7 @@ def test_route_fractions_are_sown_as_metrics():
   _, sown = jax.jit(lambda p, i: encoder.apply(
       p, i, deterministic=True, mutable=['metrics']))(params, ids)
   # What the trainer logs. pylint: disable-next=protected-access
-  logged = train._sown_means(sown['metrics'])
+  logged = steps._sown_means(sown['metrics'])
   for layer in range(2):
     for h in range(3):
       assert f'block_{layer}/attention/route_fraction/head_{h}' in logged
