@@ -137,6 +137,9 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   _, full_dir, full_results = finished_run
   workdir = str(tmp_path)
   get = pipeline.TrainBatches.get
+  # What the trainer must restore (SIG_IGN, not Python's default handler,
+  # when the tests run in a background shell).
+  before = signal.getsignal(signal.SIGINT)
 
   def get_and_interrupt(self, k):
     if k == 2:  # During step 3: the run saves step 3 and stops.
@@ -153,7 +156,7 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   assert '3' in os.listdir(os.path.join(workdir, 'checkpoints'))
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
   assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) == before
   monkeypatch.setattr(pipeline.TrainBatches, 'get', get)
   resumed = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
   assert 'Resumed from step 3' in capfd.readouterr().out
@@ -163,12 +166,13 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
 
 
 def test_second_ctrl_c_stops_at_once():
+  before = signal.getsignal(signal.SIGINT)
   with train._SigtermFlag() as flag:  # pylint: disable=protected-access
     os.kill(os.getpid(), signal.SIGINT)
     assert flag.should_stop(1) and flag.signum == signal.SIGINT
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) == before
 
 
 def _write_lock(workdir, **fields):
