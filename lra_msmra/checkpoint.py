@@ -33,6 +33,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from lra_msmra import metrics as metrics_lib
+from lra_msmra import steps as steps_lib
 
 CONFIG_FILE = 'config.json'
 MODEL_SPEC_FILE = 'model_spec.json'
@@ -226,18 +227,16 @@ def load_checkpoint(workdir: str, which: Union[str, int] = 'best'
     deterministic=True)` with `batch = {'inputs': ids [batch, length]}` (plus
     `'inputs2'` for Retrieval) to get logits `[batch, num_classes]`.
   """
-  from lra_msmra import train  # pylint: disable=g-import-not-at-top
-
   config = read_config(workdir)
   with open(os.path.join(workdir, MODEL_SPEC_FILE)) as f:
     spec = json.load(f)
-  model, _, _ = train.build(config, spec)
+  model, _, _ = steps_lib.build(config, spec)
   # Restore onto this machine's first device, whatever topology saved it
   # (e.g. a TPU pod checkpoint opened in a notebook).
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   abstract = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-      train.abstract_train_state(config, spec))
+      steps_lib.abstract_train_state(config, spec))
   ckpt = Checkpointer(workdir, max_to_keep=1000)
   try:
     if which == 'best':

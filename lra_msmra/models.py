@@ -28,9 +28,11 @@ import flax.linen as nn
 from flax.core import FrozenDict
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from lra_msmra import attention as attention_lib
+from lra_msmra import config_lib
 
 Array = jax.Array
 
@@ -38,6 +40,12 @@ POOLINGS = ('CLS', 'MEAN', 'MASKED_MEAN', 'SUM', 'FLATTEN')
 POS_EMBS = ('sinusoidal', 'learned', 'none')
 INITS = ('lra', 'torch')
 DUAL_INTERACTIONS = ('concat', 'nli')
+_CHOICES = {'pooling': POOLINGS, 'pos_emb': POS_EMBS, 'init_style': INITS,
+            'dual_interaction': DUAL_INTERACTIONS,
+            'dtype': config_lib.DTYPES}
+_POSITIVE_INTS = ('num_layers', 'emb_dim', 'num_heads', 'qkv_dim', 'mlp_dim')
+_BOOLS = ('zero_padded_outputs', 'gelu_approximate', 'attention_bias',
+          'mask_padding', 'causal')
 
 
 def _torch_uniform(key, shape, dtype=jnp.float32, fan_in=None):
@@ -335,6 +343,86 @@ class DualEncoderClassifier(nn.Module):
                        f'{DUAL_INTERACTIONS}.')
     return ClassifierHead(self.head_hidden, self.num_classes,
                           self.encoder.init_style, name='head')(features)
+
+
+def check_config(m: Mapping[str, Any]) -> None:
+  """Checks `config.model`: its values and the attention's knobs.
+
+  The attention class is built once from `num_heads`, `qkv_dim`, `causal`
+  and `attention_kw`, which runs its `check_knobs` hook (see
+  `lra_msmra.attention.base.Attention`). What depends on the input length
+  is checked when the model is traced (`lra_msmra.validation`).
+
+  Raises:
+    ValueError: naming the key of config.model and the fix.
+  """
+  for key, choices in _CHOICES.items():
+    if m[key] not in choices:
+      raise ValueError(f'config.model.{key}={m[key]!r}; valid: {choices}.')
+  for key in _POSITIVE_INTS:
+    if not config_lib.is_int(m[key]) or m[key] < 1:
+      raise ValueError(f'config.model.{key}={m[key]!r} must be a positive '
+                       'integer.')
+  for key in _BOOLS:
+    if not isinstance(m[key], bool):
+      raise ValueError(f'config.model.{key}={m[key]!r} must be True or '
+                       'False.')
+  if m['qkv_dim'] % m['num_heads']:
+    raise ValueError(f"config.model.qkv_dim={m['qkv_dim']} is not divisible "
+                     f"by config.model.num_heads={m['num_heads']}; use a "
+                     'multiple of num_heads.')
+  for key in ('dropout_rate', 'attention_dropout_rate'):
+    if not config_lib.is_number(m[key]) or not 0.0 <= m[key] < 1.0:
+      raise ValueError(f'config.model.{key}={m[key]!r} must be a number in '
+                       '[0, 1).')
+  for key in ('emb_init_std', 'layer_norm_eps'):
+    if not config_lib.is_number(m[key]) or m[key] <= 0:
+      raise ValueError(f'config.model.{key}={m[key]!r} must be a positive '
+                       'number.')
+  hidden = m['head_hidden']
+  if not isinstance(hidden, (tuple, list)) or not all(
+      config_lib.is_int(h) and h >= 1 for h in hidden):
+    raise ValueError(f'config.model.head_hidden={hidden!r} must be a tuple '
+                     'of positive integers (hidden sizes of the classifier '
+                     'MLP; () for a linear head).')
+  if m['causal'] and m['pooling'] == 'CLS':
+    raise ValueError(
+        "config.model.causal=True with config.model.pooling='CLS': position 0 "
+        '(the CLS token, or the first token of each Retrieval document) sees '
+        'only itself under causal attention, so the classifier would read no '
+        "input. Use pooling='MEAN', 'MASKED_MEAN' or 'SUM' with causal "
+        'models.')
+  if not isinstance(m['attention_kw'], (ml_collections.ConfigDict, dict)):
+    raise ValueError(f"config.model.attention_kw={m['attention_kw']!r} must "
+                     "be a ConfigDict of the mechanism's knobs.")
+  cls = attention_lib.get_attention(m['attention'])
+  kw = dict(m['attention_kw'])
+  try:
+    cls(num_heads=m['num_heads'], qkv_features=m['qkv_dim'],
+        causal=m['causal'], **kw)
+  except TypeError as e:
+    raise ValueError(
+        f'config.model.attention_kw={kw} does not fit '
+        f'{cls.__name__}: {e}. Remove the unknown key (see the knobs in '
+        f'the docstring of lra_msmra.attention.{cls.__module__.split(".")[-1]}'
+        ').') from None
+  except NotImplementedError as e:
+    raise unsupported(m, e) from None
+  except ValueError as e:
+    raise ValueError(f"config.model.attention_kw of {m['attention']!r} "
+                     f'({cls.__name__}): {e}') from None
+
+
+def unsupported(m: Mapping[str, Any], error: Exception) -> ValueError:
+  """The error for a combination the mechanism has no form for."""
+  cls = attention_lib.get_attention(m['attention'])
+  if m['causal']:
+    return ValueError(
+        f"config.model.causal=True: {cls.__name__} ({m['attention']!r}) "
+        f'refuses it with these knobs: {error} Set config.model.causal=False '
+        'or pick a mechanism with a causal form.')
+  return ValueError(f"config.model.attention_kw of {m['attention']!r} "
+                    f'({cls.__name__}): {error}')
 
 
 def create_model(model_config: Mapping[str, Any], *, vocab_size: int,

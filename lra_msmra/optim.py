@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lra_msmra import config_lib
+
 Schedule = Callable[[jax.Array], jax.Array]
 
 SCHEDULE_KEYS = {
@@ -55,6 +57,60 @@ def check_keys(section: str, cfg: Mapping[str, Any],
         f'config.{section} (name={name!r}) must have exactly the keys '
         f'{sorted(allowed[name])}; missing {sorted(missing)}, not used by '
         f'this {section} {sorted(extra)}.')
+
+
+# Numbers of config.optimizer and config.schedule: (lowest allowed, whether
+# the lowest value itself is allowed).
+_POSITIVE, _NON_NEGATIVE = (0.0, False), (0.0, True)
+_NUMBER_BOUNDS = {
+    'eps': _POSITIVE, 'weight_decay': _NON_NEGATIVE,
+    'grad_clip_norm': _NON_NEGATIVE, 'base_learning_rate': _POSITIVE,
+    'max_learning_rate': _POSITIVE, 'learning_rate': _POSITIVE,
+    'warmup_steps': _NON_NEGATIVE, 'decay_factor': _POSITIVE,
+    'steps_per_decay': (1.0, True), 'div_factor': _POSITIVE,
+    'final_div_factor': _POSITIVE,
+}
+
+
+def check_config(optimizer_cfg: Mapping[str, Any],
+                 schedule_cfg: Mapping[str, Any], num_train_steps: int) -> None:
+  """Checks config.optimizer and config.schedule: keys, values, and that the
+  pair builds (unknown schedule factors, an optimizer that needs another
+  schedule). Raises ValueError naming the key."""
+  check_keys('optimizer', optimizer_cfg, OPTIMIZER_KEYS)
+  check_keys('schedule', schedule_cfg, SCHEDULE_KEYS)
+  for section, cfg in (('optimizer', optimizer_cfg),
+                       ('schedule', schedule_cfg)):
+    for key, value in cfg.items():
+      if key not in _NUMBER_BOUNDS:
+        continue
+      low, inclusive = _NUMBER_BOUNDS[key]
+      if not config_lib.is_number(value) or value < low or (
+          value == low and not inclusive):
+        bound = f'>= {low:g}' if inclusive else f'> {low:g}'
+        raise ValueError(f'config.{section}.{key}={value!r} must be a number '
+                         f'{bound}.')
+  betas = []
+  if 'b1' in optimizer_cfg:
+    betas.append(('b1', optimizer_cfg['b1']))
+  if 'b1_range' in optimizer_cfg:
+    b1_range = tuple(optimizer_cfg['b1_range'])
+    betas += [('b1_range', b) for b in b1_range]
+    if len(b1_range) != 2:
+      raise ValueError(f"config.optimizer.b1_range={optimizer_cfg['b1_range']!r}"
+                       ' must be a pair (start, middle) of the OneCycle beta1 '
+                       'cycle.')
+  betas.append(('b2', optimizer_cfg['b2']))
+  for key, value in betas:
+    if not config_lib.is_number(value) or not 0.0 <= value < 1.0:
+      raise ValueError(f'config.optimizer.{key}={value!r} must be in [0, 1).')
+  cycle = schedule_cfg.get('steps_per_cycle')
+  if cycle is not None and (not config_lib.is_int(cycle) or
+                            (cycle < 1 and cycle != -1)):
+    raise ValueError(f'config.schedule.steps_per_cycle={cycle!r} must be a '
+                     'positive integer or -1 (= num_train_steps).')
+  # Builds the optimizer (no parameters).
+  create_optimizer(optimizer_cfg, schedule_cfg, num_train_steps)
 
 
 def create_learning_rate_schedule(cfg: Mapping[str, Any],

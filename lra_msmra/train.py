@@ -3,7 +3,8 @@
 Order of operations: validate the config, build the mesh, load the task data,
 build the model and optimizer, `jax.eval_shape` the train state, derive its
 shardings, restore the newest readable checkpoint or initialise under `jit`
-with those shardings, then run `jit(train_step, donate_argnums=0)`.
+with those shardings, then run `jit(train_step, donate_argnums=0)`. The train
+state and the step functions are `lra_msmra.steps`.
 
 Loop semantics (compare docs/protocol.md §4.3):
 
@@ -41,26 +42,23 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional
 
-import flax
-import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from lra_msmra import checkpoint as checkpoint_lib
-from lra_msmra import config_lib
 from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
 from lra_msmra import errors
 from lra_msmra import fingerprint as fingerprint_lib
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import models
-from lra_msmra import optim
 from lra_msmra import provenance as provenance_lib
 from lra_msmra import sharding
+from lra_msmra import steps as steps_lib
+from lra_msmra import validation
 from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
 
@@ -80,142 +78,12 @@ class Preempted(Exception):
     self.signum = signum
 
 
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  rng: jax.Array
-
-
-# ------------------------------------------------------------- pure functions
-
-
-def example_batch(spec: Mapping[str, Any], batch_size: int = 1
-                  ) -> dict[str, np.ndarray]:
-  """A zero batch with the model's input keys (for init and shape tracing)."""
-  batch = {'inputs': np.zeros((batch_size, spec['max_len']), np.int32)}
-  if spec['dual']:
-    batch['inputs2'] = batch['inputs']
-  return batch
-
-
-def create_train_state(rng: jax.Array, model: nn.Module,
-                       tx: optax.GradientTransformation,
-                       batch: Mapping[str, Any]) -> TrainState:
-  init_rng, dropout_rng, train_rng = jax.random.split(rng, 3)
-  variables = model.init({'params': init_rng, 'dropout': dropout_rng}, batch,
-                         deterministic=True)
-  params = variables['params']
-  return TrainState(step=jnp.zeros([], jnp.int32), params=params,
-                    opt_state=tx.init(params), rng=train_rng)
-
-
-def compute_metrics(logits: jax.Array, targets: jax.Array,
-                    weights: Optional[jax.Array] = None
-                    ) -> dict[str, jax.Array]:
-  """Sums of cross-entropy, correct predictions and example weights."""
-  logits = logits.astype(jnp.float32)
-  if weights is None:
-    weights = jnp.ones(targets.shape, jnp.float32)
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-  return {'loss_sum': jnp.sum(loss * weights),
-          'correct': jnp.sum(correct * weights),
-          'count': jnp.sum(weights)}
-
-
-def _sown_means(sown: Mapping[str, Any]) -> dict[str, jax.Array]:
-  """Averages every value sown into the `metrics` collection, by path."""
-  out = {}
-  flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(sown), sep='/')
-  for path, values in flat.items():
-    values = values if isinstance(values, tuple) else (values,)
-    out[path] = jnp.mean(jnp.stack([jnp.mean(v) for v in values]))
-  return out
-
-
-def train_step(state: TrainState, batch: Mapping[str, jax.Array], *,
-               model: nn.Module, tx: optax.GradientTransformation,
-               schedule: optim.Schedule, grad_accum_steps: int
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One update on a global batch, optionally as several micro-batches.
-
-  The gradient is that of the mean loss over the whole batch: micro-batches
-  have equal sizes, so it is the mean of their mean-loss gradients.
-  """
-  step_rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params, micro, rng):
-    logits, sown = model.apply({'params': params}, micro, deterministic=False,
-                               rngs={'dropout': rng}, mutable=['metrics'])
-    m = compute_metrics(logits, micro['targets'])
-    m.update(_sown_means(sown.get('metrics', {})))
-    return m['loss_sum'] / m['count'], m
-
-  grad_fn = jax.grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
-    grads, m = grad_fn(state.params, batch, step_rng)
-  else:
-    # Micro-batch i takes rows i, i + k, i + 2k, ...: every micro-batch then
-    # has rows on every device of the data-parallel mesh.
-    k = grad_accum_steps
-    micro = jax.tree.map(
-        lambda x: x.reshape((x.shape[0] // k, k) + x.shape[1:]).swapaxes(0, 1),
-        batch)
-
-    def body(carry, inputs):
-      i, mb = inputs
-      g, mm = grad_fn(state.params, mb, jax.random.fold_in(step_rng, i))
-      return jax.tree.map(jnp.add, carry, (g, mm)), None
-
-    zeros = jax.eval_shape(grad_fn, state.params,
-                           jax.tree.map(lambda x: x[0], micro), step_rng)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
-    (grads, m), _ = jax.lax.scan(body, zeros, (jnp.arange(k), micro))
-    grads = jax.tree.map(lambda g: g / k, grads)
-    m = {name: (v if name in ('loss_sum', 'correct', 'count') else v / k)
-         for name, v in m.items()}
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  m['grad_norm'] = optax.global_norm(grads)
-  m['learning_rate'] = schedule(state.step)
-  new_state = state.replace(step=state.step + 1, params=params,
-                            opt_state=opt_state)
-  return new_state, m
-
-
-def eval_step(params: Any, batch: Mapping[str, jax.Array], *,
-              model: nn.Module) -> dict[str, jax.Array]:
-  logits = model.apply({'params': params}, batch, deterministic=True)
-  return compute_metrics(logits, batch['targets'], batch['weights'])
-
-
 # -------------------------------------------------------------------- helpers
 
 
 def model_spec(data: pipeline.TaskData) -> dict[str, Any]:
   return {'vocab_size': data.vocab_size, 'num_classes': data.num_classes,
           'max_len': data.max_len, 'dual': data.dual}
-
-
-def build(config: ml_collections.ConfigDict, spec: Mapping[str, Any]
-          ) -> tuple[nn.Module, optax.GradientTransformation, optim.Schedule]:
-  """Model, optimizer and schedule of a config for a task's `model_spec`."""
-  model = models.create_model(config.model, **spec)
-  tx, schedule = optim.create_optimizer(config.optimizer, config.schedule,
-                                        config.num_train_steps)
-  return model, tx, schedule
-
-
-def abstract_train_state(config: ml_collections.ConfigDict,
-                         spec: Mapping[str, Any]) -> Any:
-  """Shapes and dtypes of the train state, without allocating it."""
-  model, tx, _ = build(config, spec)
-  return jax.eval_shape(
-      functools.partial(create_train_state, model=model, tx=tx,
-                        batch=example_batch(spec)),
-      jax.random.PRNGKey(0))
 
 
 def num_eval_batches(source: pipeline.Source, batch_size: int,
@@ -476,7 +344,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   start_time = time.time()
   with errors.input_errors():
-    config_lib.validate(config)
+    validation.validate(config)
     # Fails here, before anything runs, if the config names no data source.
     data_lib.data_source(config)
   cpu_rng.use_unrolled_threefry()  # Same dropout masks, drawn faster on CPU.
@@ -506,14 +374,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       data_record, (data.notes or {}).get('data_dir') or
       (data.notes or {}).get('data', '')))
   spec = model_spec(data)
-  model, tx, schedule = build(config, spec)
+  model, tx, schedule = steps_lib.build(config, spec)
   checkpoint_lib.write_json(os.path.join(workdir, checkpoint_lib.CONFIG_FILE),
                             json.loads(config.to_json()))
   checkpoint_lib.write_json(
       os.path.join(workdir, checkpoint_lib.MODEL_SPEC_FILE), spec)
 
-  init_fn = functools.partial(create_train_state, model=model, tx=tx,
-                              batch=example_batch(spec))
+  init_fn = functools.partial(steps_lib.create_train_state, model=model,
+                              tx=tx, batch=steps_lib.example_batch(spec))
   abstract = jax.eval_shape(init_fn, jax.random.PRNGKey(config.seed))
   state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract)
   abstract = jax.tree.map(
@@ -546,16 +414,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       f'device(s), train {len(data.train)}, val {len(data.eval)}, test '
       f'{len(data.test)} examples.')
 
-  batch_sharding = sharding.batch_sharding(mesh)
-  jit_train_step = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                        grad_accum_steps=config.grad_accum_steps),
-      in_shardings=(state_sharding, batch_sharding),
-      out_shardings=(state_sharding, sharding.replicated(mesh)),
-      donate_argnums=0)
-  jit_eval_step = jax.jit(functools.partial(eval_step, model=model),
-                          in_shardings=(state_sharding.params, batch_sharding),
-                          out_shardings=sharding.replicated(mesh))
+  jit_train_step, jit_eval_step = steps_lib.jit_steps(
+      config, model, tx, schedule, mesh, state_sharding)
   eval_compiled = False
 
   def run_eval(params, source, num_steps, label):

@@ -10,7 +10,8 @@ import pytest
 from lra_msmra import attention
 from lra_msmra import config_lib
 from lra_msmra import data as data_lib
-from lra_msmra import train
+from lra_msmra import steps
+from lra_msmra import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # configs/common/ holds the settings a mechanism shares across tasks, no
@@ -39,7 +40,7 @@ def load(path, arg=None):
 
 def num_params(config):
   spec = data_lib.get_model_spec(config)
-  state = train.abstract_train_state(config, spec)
+  state = steps.abstract_train_state(config, spec)
   return sum(x.size for x in jax.tree_util.tree_leaves(state.params))
 
 
@@ -60,7 +61,7 @@ CASES = [(p, a) for p in CONFIG_FILES for a in config_args(p)]
                          ids=[f'{os.path.relpath(p, ROOT)}:{a}' for p, a in CASES])
 def test_config_loads_and_validates(path, arg):
   config = load(path, arg)
-  config_lib.validate(config)
+  validation.validate(config)
   assert config.model.attention in attention.REGISTRY
   assert config.task in config_lib.TASKS
   protocols = config_lib.parse_arg(arg) & set(config_lib.PROTOCOLS)

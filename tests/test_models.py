@@ -211,8 +211,7 @@ class _SharedUser(attention.Attention):
     return _CountingTables(features=features, name=name)
 
   @nn.compact
-  def __call__(self, x, *, padding_mask=None, deterministic=True,
-               shared=None):
+  def attend(self, x, *, padding_mask, deterministic, shared=None):
     if shared is None:
       raise ValueError('shared is required')
     y = attention.SoftmaxAttention(num_heads=self.num_heads,

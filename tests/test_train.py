@@ -19,6 +19,7 @@ import lra_msmra
 from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
 from lra_msmra import sharding
+from lra_msmra import steps
 from lra_msmra import train
 from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
@@ -82,7 +83,7 @@ def test_learning_warnings():
 
 def _evaluate(model, params, source, batch_size=8):
   mesh = sharding.create_mesh()
-  fn = jax.jit(functools.partial(train.eval_step, model=model))
+  fn = jax.jit(functools.partial(steps.eval_step, model=model))
   params = jax.device_put(params, sharding.replicated(mesh))
   return train.evaluate(fn, params, source, batch_size, -1, mesh)
 
@@ -136,6 +137,9 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   _, full_dir, full_results = finished_run
   workdir = str(tmp_path)
   get = pipeline.TrainBatches.get
+  # What the trainer must restore (SIG_IGN, not Python's default handler,
+  # when the tests run in a background shell).
+  before = signal.getsignal(signal.SIGINT)
 
   def get_and_interrupt(self, k):
     if k == 2:  # During step 3: the run saves step 3 and stops.
@@ -152,7 +156,7 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   assert '3' in os.listdir(os.path.join(workdir, 'checkpoints'))
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
   assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) == before
   monkeypatch.setattr(pipeline.TrainBatches, 'get', get)
   resumed = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
   assert 'Resumed from step 3' in capfd.readouterr().out
@@ -162,12 +166,13 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
 
 
 def test_second_ctrl_c_stops_at_once():
+  before = signal.getsignal(signal.SIGINT)
   with train._SigtermFlag() as flag:  # pylint: disable=protected-access
     os.kill(os.getpid(), signal.SIGINT)
     assert flag.should_stop(1) and flag.signum == signal.SIGINT
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGINT) == before
 
 
 def _write_lock(workdir, **fields):
@@ -257,13 +262,13 @@ def test_batch_size_must_divide_devices(tmp_path):
 
 def _one_step(config, mesh, batch):
   spec = data_lib.get_model_spec(config)
-  model, tx, schedule = train.build(config, spec)
-  state = train.create_train_state(jax.random.PRNGKey(0), model, tx,
-                                   train.example_batch(spec))
+  model, tx, schedule = steps.build(config, spec)
+  state = steps.create_train_state(jax.random.PRNGKey(0), model, tx,
+                                   steps.example_batch(spec))
   rep = sharding.replicated(mesh)
   state = jax.device_put(state, rep)
   step = jax.jit(functools.partial(
-      train.train_step, model=model, tx=tx, schedule=schedule,
+      steps.train_step, model=model, tx=tx, schedule=schedule,
       grad_accum_steps=config.grad_accum_steps),
                  out_shardings=(rep, rep))
   new_state, metrics = step(state, sharding.to_global(batch, mesh))

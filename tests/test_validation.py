@@ -1,7 +1,7 @@
 """Bad configs fail before training, with a message naming the key and the fix.
 
 Each case starts from the tiny ListOps config, changes one thing, and checks
-that `config_lib.validate` (or the trainer's entry, for what depends on the
+that `validation.validate` (or the trainer's entry, for what depends on the
 devices or the data folder) raises with the config key in the message.
 """
 
@@ -10,9 +10,9 @@ import re
 import ml_collections
 import pytest
 
-from lra_msmra import config_lib
 from lra_msmra import main as main_lib
 from lra_msmra import train
+from lra_msmra import validation
 from tests import helpers
 
 
@@ -118,11 +118,11 @@ CASES = {
 def test_bad_config_names_the_key(overrides, expected):
   config = _config(**overrides)
   with pytest.raises(ValueError, match=re.escape(expected)):
-    config_lib.validate(config)
+    validation.validate(config)
 
 
 def test_tiny_config_is_valid():
-  config_lib.validate(_config())
+  validation.validate(_config())
 
 
 def test_length_that_a_mechanism_cannot_use_fails_in_validation():
@@ -130,7 +130,7 @@ def test_length_that_a_mechanism_cannot_use_fails_in_validation():
   config = _config(**{'model.attention': 'adamra',
                       'model.attention_kw': {'compression_rates': (1, 0.3)}})
   with pytest.raises(ValueError, match='config.model.attention_kw.*1/k'):
-    config_lib.validate(config)
+    validation.validate(config)
 
 
 @pytest.mark.parametrize('overrides,expected', [

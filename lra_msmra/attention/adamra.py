@@ -1,115 +1,44 @@
 """Adaptive Multi-Resolution Attention (AdaMRA), registry entry `adamra`.
 
 Paper: Y. Zhang, Y. Ma, T. Seidl, V. Tresp, "Adaptive Multi-Resolution
-Attention with Linear Complexity", arXiv:2108.04962. No official code has been
-released, so this module is the reference implementation of the project and
-every choice the paper leaves open is listed below.
+Attention with Linear Complexity", arXiv:2108.04962. No official code has
+been released; this module is written from the paper alone.
+docs/mechanisms/adamra.md §2, §3, §5, §7 and §8 give, in that order, the
+equations, every choice made where the paper is silent, padding and
+lengths, the layout of the computation and the invariants the tests check;
+equation numbers below are the paper's.
 
-The mechanism (paper §3.2, Eqs. 1 and 6-9):
+1. Q, K, V = X W^Q, X W^K, X W^V (Eq. 1).
+2. The router, softmax(Q W_r) `[B, N, H]` (Eq. 6), sends each query to one
+   of the H = len(`compression_rates`) resolution heads (the argmax);
+   `router_gate` decides how the router gets a gradient.
+3. Head h averages K and V over segments of 1 / c_h tokens
+   (`segment_means`, masked by default; a segment without a real token is
+   left out). N is padded internally to a multiple of every segment length
+   and cropped back.
+4. Each head has S = `num_heads` subheads of width d = qkv_features / S with
+   their own second-stage maps (Eq. 9; `projections` chooses how they are
+   stored) and computes kernel linear attention (Eq. 7, φ = `feature_map`,
+   ReLU by default):
+   φ(q) . Σ_j φ(k_j) v_jᵀ / (φ(q) . Σ_j φ(k_j) + epsilon).
+5. The routed head's subheads are concatenated, gated and projected by W^O
+   (Eq. 8); `base.Attention` zeroes padded positions.
 
-1. Q = X W^Q, K = X W^K, V = X W^V.
-2. A router P = softmax(Q W_r) `[batch, length, H]` sends every query to the
-   one resolution head with the highest probability.
-3. Resolution head h compresses K and V by means over non-overlapping segments
-   of k_h = 1 / c_h tokens (its compression rate c_h), leaving N c_h landmarks.
-4. Each head has S subheads with their own projections W^Q_{h,s}, W^K_{h,s},
-   W^V_{h,s} (width d = qkv / S) and computes ReLU-kernel linear attention
-   (Eq. 7): out(i) = phi(q_i) . sum_j phi(k~_j) v~_j^T /
-   (phi(q_i) . sum_j phi(k~_j) + eps), phi = ReLU.
-5. The subheads are concatenated, the routed head's output is kept, and W^O
-   projects it back.
+Layout (the function is that of computing every head for every query and
+masking by the gate): the key side gives each head's small summaries
+`[B, S, d, d]` and `[B, S, d]`; the query side is a scan over the heads
+(`_routed`) that keeps each query's routed head by a select, so query-side
+arrays are `[B, N, S, d]` and only one head's are alive at a time. ReLU
+features differentiate from their output (`_relu`). `'straight_through'`
+adds the unrouted heads' share of the router gradient in the backward pass
+(`_tap_gate_gradient`). Dropout drops landmarks, in the numerator only.
 
-Time and memory are linear in N: no array has two axes of size ~N (the
-largest are `[batch, length, S, head_dim]`, the size of an activation).
-
-Choices where the paper is silent, or where we depart from it
-(docs/mechanisms/adamra.md §3):
-
-* Heads. `num_heads` (the contract field) is S, the number of subheads per
-  resolution head, so `head_dim = qkv_features / num_heads` = d_k = d_v as in
-  the paper (S d_k = S d_v = d). The number of resolution heads H is
-  `len(compression_rates)`. S is not reported; the `xiong` configs use S = 2,
-  d = 32 (the 2 x 32 heads of that protocol).
-* Rates. `compression_rates` are the c_h; each 1 / c_h must be an integer.
-  Equal rates are allowed (ablation rows 9-10 of the paper's Table 4).
-* Projections (`projections`), since Eq. 1 followed by Eq. 9 stacks two maps:
-  - `'stacked'` (default, the paper as written): W^Q, W^K, W^V, then a
-    separate W^{Q,K,V}_{h,s} for every head and subhead. Attention parameters
-    (biases aside): (4 + 3H) D^2 + D H, i.e. 13 D^2 for H = 3, against 4 D^2
-    for softmax attention.
-  - `'stacked_shared'`: the second-stage maps W^{Q,K,V}_s are shared by all
-    resolution heads (the reference's `share_subhead_proj_across_heads`);
-    7 D^2 + D H.
-  - `'single'`: one Q, K, V projection split into S subheads. With shared
-    second-stage maps the two stacked linear maps compose into one, so this is
-    `'stacked_shared'` with the product folded into a single matrix (the same
-    function class, fewer parameters): 4 D^2 + D H, the softmax count plus the
-    router. The LRA-protocol configs use it where the stacked forms exceed
-    110% of the LRA Transformer's parameter count.
-  With unequal widths the first stage maps features -> qkv_features, the
-  second qkv_features -> S x head_dim, and W^O qkv_features -> out_features.
-* Router. It reads the projected query Q (the paper's "token representation
-  q_i"; with `'single'` the concatenated subhead queries), is linear without
-  bias (Eq. 6), uses `kernel_init`, and runs in float32. Ties of the argmax go
-  to the lowest head index. No load-balancing loss is added (none in the
-  paper); the fraction of real tokens routed to each head is sown into the
-  `metrics` collection as `route_fraction/head_{h}` so head collapse shows in
-  the training logs.
-* Router gradient (`router_gate`). The paper masks out tokens not routed to a
-  head, which gives W_r no gradient, yet learned routing beats random routing
-  in its Table 5. `'prob'` (default, Switch-Transformer style) scales the
-  routed head's output by its router probability; `'hard'` is the literal
-  mask (the router does not learn); `'straight_through'` uses the hard mask
-  forward and the gradient of `'prob'`'s soft weights backward.
-* Evaluation (layout only; the function is that of computing every head for
-  every query and masking by the gate). The key side gives every head's small
-  summaries sum_j phi(k~_j) v~_j^T `[b, S, d, d]` and sum_j phi(k~_j)
-  `[b, S, d]`. The query side keeps only the routed head: a scan over the
-  heads (`_routed`) projects all queries with head h's map (`'stacked'`),
-  then applies head h's summaries to the routed features, and keeps the
-  result where the query chose h, by a select. So the query-side arrays are
-  `[b, n, S, d]`, not `[b, n, H, S, d]`, and only one head's are alive at a
-  time in either pass; the work is still H times that of the routed queries
-  alone (static shapes, no gather or scatter). The cotangent reaches only the
-  routed head, as the one-hot mask gives. ReLU features differentiate from
-  their output (`_relu`), so the backward pass keeps phi(q) and not q as
-  well. `'straight_through'` also gives the router the outputs of the
-  unrouted heads, so it keeps H more `[b, n, S, d]` arrays for the backward
-  pass (`_tap_gate_gradient`).
-* Segment means (`segment_means`). `'masked'` (default) divides by the number
-  of real tokens in the segment. `'unmasked'` reproduces the Nystromformer
-  code the paper cites: keys and values are multiplied by the padding mask
-  and divided by the full segment length, so padding dilutes the means (we
-  zero V as well as K, otherwise padded tokens would leak into real outputs).
-  In both modes a segment without a real token is excluded: its phi(k~) and
-  v~ are zero, so it adds nothing to the numerator or the denominator.
-* Order. Segment means are taken of the first-stage K, V and the subhead maps
-  are applied to the landmarks: means commute with affine maps (bias
-  included, masked mode), and m_h < N makes this the cheaper order.
-* Kernel. phi = ReLU (`feature_map='relu'`; `'elu_plus_one'` is the paper's
-  ELU + 1 ablation). No 1 / sqrt(d) scaling (ReLU is positively homogeneous,
-  so it would cancel). `epsilon` = 1e-6 is added to the denominator (not in
-  the paper) because ReLU can make it exactly 0; such a query outputs 0.
-* Lengths. N is right-padded internally to a multiple of lcm(k_h) (the paper:
-  "we can pad inputs"), the added positions are masked, and the output is
-  cropped back.
-* Padded queries. Their outputs are zeroed (after W^O, bias included).
-* Dropout. No attention matrix exists, so `dropout_rate` drops landmarks: the
-  kernel weight of landmark j (per example, subhead and head, shared by all
-  queries) is zeroed with probability `dropout_rate` and the survivors are
-  scaled by 1 / keep, in the numerator only, as dropout on softmax
-  probabilities does after normalisation.
-* Causal. The paper defines no causal form; `causal=True` raises
-  `NotImplementedError`.
-* Initialisation is not stated: `kernel_init` / `bias_init` of the contract,
-  applied to each head's second-stage map as one [in, S x head_dim] matrix
-  (like `nn.DenseGeneral`). `use_bias` applies to every projection except the
-  router.
-* Numerics. Parameters are float32. With dtype=bfloat16 the projections run
-  in bfloat16, while the router softmax, the segment sums and the kernel
-  attention itself (features, sum_j phi(k~_j) v~_j^T, the normaliser, the
-  numerator and the denominator) run in float32, the role softmax plays in
-  the other mechanisms (the CPU backend also lacks bf16 x bf16 -> f32 dots).
+Time and memory are linear in N; no array has two axes of size ~N. The
+router, the segment sums and the kernel attention run in float32 under
+bfloat16. The fraction of real tokens routed to each head is sown into
+`metrics` (`route_fraction/head_{h}`), `router_probs` and `gate` into
+`intermediates`. There is no causal form: `causal=True` raises
+`NotImplementedError`.
 """
 
 from __future__ import annotations
@@ -376,9 +305,7 @@ class AdaMRAAttention(base.Attention):
   feature_map: str = 'relu'
   epsilon: float = 1e-6
 
-  def __post_init__(self):
-    super().__post_init__()
-    # Checked at construction so that config validation reports bad knobs.
+  def check_knobs(self) -> None:
     segment_lengths(self.compression_rates)
     for field, value, valid in (
         ('router_gate', self.router_gate, ROUTER_GATES),
@@ -493,19 +420,19 @@ class AdaMRAAttention(base.Attention):
     return jnp.where(mask[..., None], phi_k / keep, 0.0)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-    """Applies AdaMRA.
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
+    """Applies AdaMRA (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token; None = all real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables landmark dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]` (zeroed at padded positions by the
+      caller).
     """
-    padding_mask = base.default_padding_mask(x, padding_mask)
     qkv, head_dim, out_features = self.head_dims(x)
     lengths = segment_lengths(self.compression_rates)
     x, mask, length = base.pad_to_multiple(x, padding_mask,
@@ -581,5 +508,4 @@ class AdaMRAAttention(base.Attention):
           y, choice, gate, head_query, kernel_attention, phi_q)
     y = y.astype(self.dtype)
     y = self.output_projection(out_features)(y)
-    y = jnp.where(mask[..., None], y, 0).astype(self.dtype)
     return y[:, :length]

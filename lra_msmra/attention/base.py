@@ -11,6 +11,16 @@ the same leading fields and are called the same way::
 `x` is `[batch, length, features]`, `padding_mask` is `[batch, length]` bool
 with True = real token, and `y` is `[batch, length, out_features]`.
 
+A mechanism implements `attend` (same arguments; the mask has been checked
+and is never None). `Attention.__call__` calls it and then applies the
+padded-row rule, the same for every mechanism: the output at a padded query
+position is exactly zero, output biases included. Real outputs never read
+padded positions (their keys are masked), so the rule only fixes what the
+layer returns there. The one exception is the softmax baseline
+(`zero_padded_queries = False`): it keeps the LRA reference's values at
+padded rows, because LRA's unmasked MEAN pooling and its CLS query on a
+black pixel read them (docs/mechanisms/softmax.md §3.2, pitfalls P8, P9).
+
 A mechanism that needs parameters owned by the whole model (shared by every
 layer, e.g. CST's multi-scale position tables) overrides `shared_module`. The
 encoder then creates that module once, calls it once per forward pass, and hands
@@ -19,7 +29,7 @@ its output to every attention layer as the keyword argument `shared`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -51,6 +61,8 @@ class Attention(nn.Module):
       the PyTorch protocol of Xiong et al.).
     kernel_init: initialiser of projection kernels (Xavier-uniform in LRA).
     bias_init: initialiser of projection biases.
+    zero_padded_queries: (class constant, not a field) the padded-row rule:
+      True zeroes the output at padded query positions after `attend`.
   """
   num_heads: int = 8
   qkv_features: Optional[int] = None
@@ -61,6 +73,64 @@ class Attention(nn.Module):
   use_bias: bool = False
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   bias_init: Callable[..., Array] = nn.initializers.zeros
+
+  zero_padded_queries: ClassVar[bool] = True
+
+  def __post_init__(self):
+    self.check_knobs()
+    super().__post_init__()
+
+  def check_knobs(self) -> None:
+    """Checks the mechanism's own fields (its knobs) when it is constructed.
+
+    Every mechanism overrides this one hook, so a bad knob fails when the
+    module is built (config validation builds it before anything runs), not
+    at its first call. It raises ValueError for a bad value and
+    NotImplementedError for a combination the mechanism has no form for
+    (e.g. `causal=True` without a causal form). Checks that need the input
+    length stay in the call; validation traces one layer to reach them.
+    """
+
+
+  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
+               deterministic: bool = True, **kwargs: Any) -> Array:
+    """Applies the mechanism (`attend`), then the padded-row rule.
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: bool `[batch, length]`, True = real token; None = all
+        real.
+      deterministic: disables dropout.
+      **kwargs: passed to `attend` (e.g. `shared`, see `shared_module`).
+
+    Returns:
+      `[batch, length, out_features]`; zero at padded positions if
+      `zero_padded_queries`.
+    """
+    padding_mask = default_padding_mask(x, padding_mask)
+    y = self.attend(x, padding_mask=padding_mask,
+                    deterministic=deterministic, **kwargs)
+    if self.zero_padded_queries:
+      y = jnp.where(padding_mask[..., None], y, jnp.zeros((), y.dtype))
+    return y
+
+  def attend(self, x: Array, *, padding_mask: Array, deterministic: bool,
+             **kwargs: Any) -> Array:
+    """The mechanism itself; subclasses implement it (usually `nn.compact`).
+
+    Args:
+      x: `[batch, length, features]`.
+      padding_mask: bool `[batch, length]`, True = real token.
+      deterministic: disables dropout.
+      **kwargs: mechanism-specific inputs (e.g. `shared`).
+
+    Returns:
+      `[batch, length, out_features]`; what it holds at padded query
+      positions does not matter when `zero_padded_queries` is True.
+    """
+    raise NotImplementedError(
+        f'{type(self).__name__} must implement attend(x, *, padding_mask, '
+        'deterministic).')
 
   @classmethod
   def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
@@ -192,18 +262,31 @@ def _softmax_terms(logits: Sequence[Array], valid: Sequence[Array], axis: int
 
 
 def after(anchor: Array, *arrays: Array) -> tuple[Array, ...]:
-  """`arrays`, made to depend on `anchor` (adds 0 * one of its entries).
+  """`arrays`, made to depend on `anchor` (adds 0 * one entry per row).
 
   XLA's CPU backend drops `lax.optimization_barrier` before scheduling, so
   work that only reads other values is free to run, or to be merged with an
   identical computation, long before `anchor` exists, and its full-size
   results then stay live in between (e.g. a backward pass recomputing
   forward values before the cotangent arrives). A data dependency on
-  `anchor` keeps it after. The values are unchanged unless that entry of
-  `anchor` is not finite (then they become NaN).
+  `anchor` keeps it after. On other backends the barrier already does this
+  and the dependency is one small fused add.
+
+  `anchor` and `arrays` share their leading (batch) axis, and row b of each
+  array depends on row b of `anchor` only: under data parallelism every
+  device reads its own rows. (A single entry of the whole `anchor` would
+  cost one cross-device all-reduce per call.) The values are unchanged
+  unless that entry of `anchor`'s row is not finite (then the row becomes
+  NaN).
   """
-  zero = 0.0 * anchor.reshape(-1)[0]
-  return tuple(a + zero.astype(a.dtype) for a in arrays)
+  rows = anchor.shape[0]
+  zero = 0.0 * anchor.reshape(rows, -1)[:, 0]
+  for a in arrays:
+    if a.shape[:1] != (rows,):
+      raise ValueError(f'after: shape {a.shape} does not share the leading '
+                       f'axis of the anchor {anchor.shape}.')
+  return tuple(a + zero.reshape((rows,) + (1,) * (a.ndim - 1)).astype(a.dtype)
+               for a in arrays)
 
 
 def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:

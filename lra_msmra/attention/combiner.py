@@ -1,140 +1,49 @@
 r"""Combiner: full attention at sparse cost (registry entry `combiner`).
 
-Paper: H. Ren, H. Dai, Z. Dai, M. Yang, J. Leskovec, D. Schuurmans, B. Dai,
-"Combiner: Full Attention Transformer with Sparse Computation Cost",
-NeurIPS 2021, arXiv:2107.05768. Official code: google-research/
-google-research, folder `combiner/` (Flax, causal only: `jax/model/layer.py`;
-TF1: `tf/approx_attention.py`). Neither handles padding or LRA.
+Paper: H. Ren et al., "Combiner: Full Attention Transformer with Sparse
+Computation Cost", NeurIPS 2021, arXiv:2107.05768. Official code:
+google-research/google-research `combiner/` (Flax and TF1, causal only, no
+padding). docs/mechanisms/combiner.md §2, §3, §4, §5, §6, §7 and §8
+give, in that order, the framework and the exact supports of every variant,
+the choices made where paper and code are silent, the departures from the
+code, padding and lengths, the causal form, the memory layout and the
+invariants the tests check.
 
-Attention is read as a conditional expectation A(x_i) = E_{p(j|i)}[v_j] over
-the support Omega_i (LM: [0, i]; MLM: every position). Combiner splits Omega_i
-into a direct part Omega_i^0 and disjoint spans Omega_i^r (paper Eq. 7):
+Every query's support is split into a direct part, attended token by token,
+and disjoint spans, each attended through one summary (paper Eq. 7): one
+softmax per query over its direct logits and its span logits (Eq. 9), and
+per span a local expectation normalised inside the span with a pooled query
+(`abstraction`: max, mean or DeepSets). A span's local expectation does not
+depend on the query, so it is computed once per span.
 
-  A(x_i) = sum_{j in Omega^0} p(j|i) v_j
-         + sum_{r>=1} p(Omega^r|i) [sum_{j in Omega^r} p(j|Omega^r) v_j],
+`variant`: `'fixed'` (blocks of `block_size`), `'logsparse'` (dyadic
+blocks), `'axial'` (an n x m grid of rows of `row_length`; `axial_plan`
+`'vertical'`, `'horizontal'` or `'rowmajor'`) or `'mixture'` (of the
+vertical and horizontal plans; `mixture_mode`), each in causal (LM) and
+bidirectional (MLM) form. `'learnable'` raises NotImplementedError. Sizes
+default to the power of two nearest to sqrt(N) (`default_block_size`); N is
+padded internally to the blocks or the grid and cropped back.
+`num_prefix_tokens` puts a leading CLS token at the end of an extra first
+grid row.
 
-with p(j|i) ~ exp(q_i.k_j/sqrt(d)) and p(Omega^r|i) ~ exp(q_i.k_Omega/sqrt(d))
-normalised together by ONE softmax (Eq. 9), and the bracket (the local
-expectation, or span value) normalised inside its span with the pooled query
-q_Omega: p(j|Omega) ~ exp(q_Omega.k_j/sqrt(d)). The span value does not depend
-on i, so it is computed once and shared by every query that uses the span.
-The abstractions k_Omega and q_Omega pool the span's keys and queries:
-`abstraction='max'` (element-wise max, the paper's default), `'mean'`, or
-DeepSets `'deepset-max'` / `'deepset-mean'` (phi(x) = ReLU(x W), W in R^{dxd},
-no bias, shared by the heads, one W for queries and one for keys, then the
-max or mean over the span, as the TF `pooling_summary`).
+Padding: inputs at padded positions are zeroed before the projections,
+padded keys are masked in every term and every pooling, padded queries are
+left out of query pooling and their head outputs are zero; `base.Attention`
+then zeroes the layer's output there, W_o's bias included.
 
-`variant` picks the partition (docs/mechanisms/combiner.md §2.2), each in LM
-(`causal=True`) and MLM (bidirectional) form. Positions are 0-based.
+Layout: fixed, axial and mixture work on the grid `[B, rows, cols, H, d]`
+(`_to_grid`; fixed: rows are blocks), logsparse on the flat sequence. The
+terms of one joint softmax stay separate arrays (`base.safe_softmax_parts`).
+Without a dropout mask, fixed runs one head at a time under
+`jax.checkpoint` (`_per_head`), so per-query logits exist for one head
+only, forward and backward; with dropout all heads run at once, so the
+masks are drawn as `base.attention_dropout` draws them.
 
-* `'fixed'` (paper §4.1, Eq. 10). Blocks of `block_size` s. MLM: direct = own
-  block, spans = every other block. LM: direct = own block up to i, spans =
-  earlier blocks. s + N/s terms per query.
-* `'logsparse'` (paper §4.2). Aligned dyadic blocks. LM: direct {i} and
-  {i-1 if i is odd}; for every level l >= 1 whose bit l of i is 1, the
-  2^l-block just before i's own 2^l-block. MLM (the paper's Appendix B is not
-  available; our construction): the "sibling" of i's own 2^l-block at every
-  level l, i.e. block floor(i/2^l) XOR 1, on the left when bit l of i is 1 and
-  on the right when it is 0, and direct {i, i XOR 1}. Left and right spans
-  are then the same aligned blocks, so LM and MLM share their ~N summaries,
-  and the terms are disjoint and cover [0, N) exactly: at most
-  1 + ceil(log2 N) terms per query.
-* `'axial'` (paper §4.3). Row-major n x m grid, row(i) = i div m,
-  col(i) = i mod m, m = `row_length`. `axial_plan`:
-  - `'vertical'`: direct = own row (LM: up to i) and own column (LM: rows
-    above; MLM: all other rows). Spans, for every other column c: column c
-    above the query's row (LM and MLM) and column c below it (MLM only),
-    abstracted by exclusive prefix (suffix) pooling down the column (cummax).
-  - `'horizontal'`: same direct part. Spans, for every other row r (LM: rows
-    above): the part of row r left of the query's column and the part right
-    of it, each with its own prefix/suffix abstraction (the official code's
-    split; one "row minus col_i" span has no prefix form).
-  - `'rowmajor'` (the official code's form, `_SelfAttAxialRowmajor`): direct
-    = own row (LM: up to i); every other row r (LM: rows above) is one span
-    whose local expectation for a query in column c is full attention inside
-    row r with the query at (r, c), and whose abstraction key is
-    Dense(LN(x_{r,c} + Dense(that output))): two projections and a LayerNorm
-    per layer, which the other variants do not have.
-* `'mixture'` (paper §3.3) of the vertical and horizontal axial plans.
-  `mixture_mode='average'` (paper): the mean of the two separately normalised
-  plans. `'joint_softmax'` (official `_AxialMixtureAtt`): one softmax over
-  the shared direct part plus both plans' spans, so every position outside
-  the query's row and column is covered exactly twice.
-* `'learnable'` (routing, paper §4.4) has no official code and is not built:
-  asking for it raises NotImplementedError.
-
-Padding and lengths (absent from the official code; docs/mechanisms/combiner.md
-§5):
-
-* inputs at padded positions are zeroed before the projections, so nothing
-  downstream can read a padded token's content;
-* padded keys are masked in direct terms and inside span softmaxes; pooling
-  (max, mean, DeepSets) runs over real members only; a span without a real
-  member is masked; all softmaxes are `base.safe_softmax`, so fully padded
-  spans and rows give zeros, never NaN;
-* padded queries are excluded from query pooling and their outputs zeroed;
-* N is padded internally to a multiple of the block size (fixed), of the
-  block pairs of each level (logsparse), or to the n x m grid (axial,
-  mixture), and cropped back. `num_prefix_tokens` (axial, mixture) shifts the
-  grid so that leading tokens such as a CLS token sit at the end of an extra
-  first row: with CLS, an image's pixel rows are exactly the grid rows.
-* rowmajor: the query of a padded cell (r, c) comes from a zeroed input, so
-  row r's summary for column c is then its real tokens' (bias-free) uniform
-  average; it stays a function of real tokens only.
-
-Other choices where the paper and code are silent or differ:
-
-* block size and row length default to the power of two nearest to sqrt(N)
-  on a log scale, halfway rounding up (docs/mechanisms/combiner.md §3; N = 1025
-  or 2001 -> 32, 2048 or 4000 -> 64); the code uses fixed `max_seg_len` values
-  (32 JAX, 128 TF) and requires N % s == 0.
-* logsparse uses ceil(log2 N) levels. The JAX code's ceil(log2(N-1)) drops
-  the last position's top span when N = 2^k + 1.
-* prefix abstractions are true maxima (JAX, paper), not the TF cumsum.
-* MLM forms of fixed and rowmajor exclude the own block/row from the spans
-  (paper's disjoint partition); the TF bidirectional paths count it twice.
-  Axial MLM and mixture MLM (Appendix C not available) are our constructions
-  above; `joint_softmax` in MLM unites both MLM plans over one shared direct
-  part (own row plus own column, self once), so off-row and off-column
-  positions are covered twice, as in the LM code form.
-* scaling: q is divided by sqrt(d) once, before pooling (max, mean and
-  ReLU(x W) commute with positive scaling), as the code does.
-* dropout: every effective weight passes through exactly one dropout mask,
-  as in the TF code: direct weights after the joint softmax, span members
-  inside the local expectation (shared by the queries using that span). The
-  JAX rowmajor's extra residual dropout inside the row-summary projection is
-  not applied (the layer only knows the attention-dropout rate).
-* projections follow our shared convention (`base.Attention`: Xavier kernels,
-  biases off for LRA); DeepSets kernels use the same initialiser (TF:
-  N(0, 0.02)); the rowmajor LayerNorm uses epsilon 1e-6 (the JAX default).
-
-Memory layout (what the computation keeps, not what it computes):
-
-* the terms of one joint softmax stay separate arrays: the shared normaliser
-  is a multi-part log-sum-exp (max of the parts' maxima, sum of their sums),
-  so no concatenated copy of the logits, weights or validity is built;
-* each distinct array is put on the grid once (without DeepSets pq and pk
-  are q and k, and the values are v);
-* fixed, when no dropout mask is drawn (deterministic, or rate 0; also the
-  probes): heads never interact, so the attention runs one head at a time
-  (`lax.map`) under `jax.checkpoint`. Per-query logits and weights then
-  exist for one head only, in the forward pass and again, recomputed, in the
-  backward pass, instead of being stored for every head. At N = 4096 (batch
-  4, D = 256, 4 heads) this and the two points above cut XLA's temporary
-  buffers of forward+backward from 346 to 198 MB (net peak RSS 471 -> 311
-  MB), for one extra forward pass of the (cheap) attention core; the layer
-  stays ~10x faster than softmax attention there. With dropout the layer
-  runs all heads at once, so that the masks are drawn exactly as
-  `base.attention_dropout` draws them (a Flax call, which cannot sit inside
-  `jax.checkpoint`): training with attention dropout keeps the all-heads
-  memory figure.
-
-`CombinerAttention.effective_attention` returns the dense effective attention
-matrix E (`[batch, heads, length, length]`, y_i = sum_j E(i, j) v_j before the
-output projection) by running the same code path with one-hot values; with
-`probe='coverage'` every softmax is replaced by the indicator of its valid
-entries, so E(i, j) counts how many terms of query i contain key j. Both are
-O(N^2) and meant for analysis and tests.
+`CombinerAttention.effective_attention` returns the dense effective
+attention E (`[B, H, N, N]`, y_i = sum_j E(i, j) v_j before the output
+projection) by running the same code path with one-hot values;
+`probe='coverage'` counts the terms of query i that contain key j. Both are
+O(N^2), for analysis and tests.
 """
 
 from __future__ import annotations
@@ -572,7 +481,7 @@ def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
 
 
 class CombinerAttention(base.Attention):
-  """Combiner attention (see the module docstring for the variants).
+  """Combiner attention (variants: docs/mechanisms/combiner.md §2).
 
   Attributes:
     variant: 'fixed', 'logsparse', 'axial' or 'mixture' ('learnable' raises
@@ -599,11 +508,7 @@ class CombinerAttention(base.Attention):
   mixture_mode: Optional[str] = None
   abstraction: Optional[str] = None
 
-  def __post_init__(self):
-    self._check_knobs()
-    super().__post_init__()
-
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     """Raises on unknown values and on knobs the chosen variant ignores."""
     if self.variant == 'learnable':
       raise NotImplementedError(
@@ -654,9 +559,9 @@ class CombinerAttention(base.Attention):
       return None
     return self.axial_plan or 'rowmajor'
 
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-    """Applies Combiner attention.
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
+    """Applies Combiner attention (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
@@ -664,8 +569,9 @@ class CombinerAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`; zero at padded positions before the
-      output projection.
+      `[batch, length, out_features]`; the head outputs of padded queries
+      are zero, so W_o's bias alone would remain there, and the caller
+      zeroes those rows (the padded-row rule of `base.Attention`).
     """
     return self._forward(x, padding_mask, deterministic, None)
 

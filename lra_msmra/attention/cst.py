@@ -1,112 +1,47 @@
 """Composite Slice Attention (CSA), the attention of the CST (`cst`).
 
-Paper: M. Lee, S. Pitre, T. Jiang, P.-D. Letourneau, M. J. Morse, K. Jang,
-J. Soriaga, P. Noorzad, H.-P. Cheng, C. Lott, "Composite Slice Transformer: An
-Efficient Transformer with Composition of Multi-Scale Multi-Range Attentions",
-ICLR 2023 (OpenReview id nWTzIsgrYNN; we know of no arXiv version).
-Official code: none is public, so this module is a reference implementation
-written from the paper alone. Equation numbers below are the paper's.
+Paper: M. Lee et al., "Composite Slice Transformer: An Efficient Transformer
+with Composition of Multi-Scale Multi-Range Attentions", ICLR 2023. No
+official code is public; this module is written from the paper alone.
+docs/mechanisms/cst.md §2, §3, §5, §6 and §8 give, in that order, the
+equations, every choice made where the paper is silent, padding and
+lengths, the causal form and the invariants the tests check; equation
+numbers below are the paper's.
 
-What one layer computes (B batch, N length, L slice length, n = N / L
-slices, D model width, e = (alpha - 1) L / 2 extension width):
+One layer (B batch, N length, D width, L = `slice_length`, n = N / L
+slices, e = (alpha - 1) L / 2 tokens borrowed from each neighbour):
 
-1. Slice: `[B, N, D] -> [B, n, L, D]`, a reshape (Section 4.1).
-2. Local attention inside every slice (Eq. 8, 14). Keys and values of slice s
-   are extended by e tokens into each neighbour (Eq. 11): positions
-   `[sL - e, (s + 1)L + e)`, alpha * L keys, zeros beyond the sequence ends.
-3. Slice embeddings: the masked mean of each slice's local output over its
-   real tokens (Section 4.1, footnote 1), `[B, n, D]`.
-4. Global attention among the n slice embeddings (Eq. 9, 15). Without
+1. Slice: `[B, N, D] -> [B, n, L, D]`, N padded internally to a multiple
+   of L and cropped back.
+2. Local attention inside each slice (Eqs. 8, 14); keys and values extended
+   into both neighbours (Eq. 11; left only when causal, Eq. 12), the fillers
+   beyond the sequence ends masked (`extend_slices`).
+3. Slice embeddings `[B, n, D]`: the mean of each slice's local output over
+   its real tokens (`masked_slice_mean`; `aggregation` 'max' or 'linear'
+   instead). An empty slice's embedding is zero under every aggregation,
+   and the slice is masked as a global key.
+4. Global attention among the slice embeddings (Eqs. 9, 15). Without
    attention dropout it runs a block of slices at a time
-   (`base.blocked_attention`): the same function, but the n x n weights,
-   the one part of CSA quadratic in N, are never all in memory.
-5. Broadcast-add: token i of slice s gets `Y_l[i] + Y_g[s]` (Eq. 10).
+   (`base.blocked_attention`). Causal: inclusive-causal attention shifted by
+   one slice. A query that sees no real slice (causal: slice 0, or a slice
+   after nothing but padding) outputs zero, W_o's bias included.
+5. Broadcast-add (Eq. 10); `base.Attention` zeroes padded positions.
 
-Positions (MS-VIPE, Section 4.2): two learned tables, a slice-local one with
-alpha * L rows ((alpha + 1) L / 2 when causal) and a slice-level one with
-ceil(max_len / L) rows, created once per model (`MultiScalePositions`,
-through `shared_module`) and shared by all layers. They are added to the
-inputs of the query and key projections of the local (Eq. 14) and global
-(Eq. 15) attentions, never to the values. A model using them has no input
-position embedding (`config.model.pos_emb = 'none'`).
-The paper's "Conventional" ablation is `position_embedding='none'` here plus
-`config.model.pos_emb = 'learned'` (a learned absolute table at the input).
+One set of Q/K/V/O projections serves both attentions
+(`share_local_global`). The MS-VIPE tables (`MultiScalePositions`, built
+once per model through `shared_module` and passed to every layer as
+`shared`) are added to the query and key inputs, never to the values; the
+projected table rows are added after slicing, so the extended keys cost no
+extra projection (`_project_table`). `composition`, `aggregation`, `alpha`
+and `position_embedding` select the paper's ablations
+(docs/mechanisms/cst.md §2.3).
 
-Causal mode (Section 4.1, last paragraph): keys and values are extended to
-the left only (Eq. 12), the local mask is causal with the diagonal, and the
-global attention uses a strictly causal mask with the shifted query of slice
-t - 1. We compute it as inclusive-causal attention over slice embeddings
-shifted right by one slice (the two are equal); slice 0 has no visible slice
-and gets a global output of exactly zero. Output i then depends on inputs
-j <= i only, for any number of layers.
+Cost per layer and head: local logits `[n, L, alpha L]`, global logits
+`[n, n]`; no array has two axes of size N.
 
-Ablations of Tables 7 and 8 (knobs below): `composition` 'parallel' (global
-attention over mean-pooled *input* slices, added to the local output, as in
-H-Transformer-1D) and 'global_first'; `aggregation` 'max' and 'linear';
-`share_local_global=False` for separate global projections. 'local_only'
-(no global branch: block-local attention with extension) is a diagnostic.
-
-Choices we made where the paper is silent (docs/mechanisms/cst.md §3 numbers
-these):
-
-* W_o and weight sharing (A.3 shares W_q, W_k, W_v between the local and
-  global attentions and never mentions W_o): one multi-head attention,
-  W_o included, is applied twice, on slices and on slice embeddings. The
-  layer therefore has exactly the parameters of standard attention.
-  `share_local_global=False` gives the global attention its own four
-  projections (`global_query`, `global_key`, `global_value`, `global_out`).
-* What is pooled: the local output after W_o, so both branches live in R^D.
-* Scaling: logits are divided by sqrt(head_dim) in both attentions (the
-  paper drops the factor only "for simplicity" of notation).
-* Query rows of the local table when extended: the table's row r belongs to
-  relative offset r - e from the slice start, so queries use rows
-  e..e+L-1 and key c of the extended window uses row c. In causal mode the
-  window is the first e + L = (alpha + 1) L / 2 of those offsets, and the
-  table has exactly those rows (the encoder tells `shared_module` whether the
-  model is causal).
-* Zero fillers at the sequence ends (Eq. 11) are masked as keys: otherwise
-  the position table would make them non-zero keys that take softmax mass.
-* Padding: padded keys are masked in the local attention, the mean divides by
-  the number of real tokens, a slice without real tokens gets a zero
-  embedding and is masked as a global key, and padded query outputs are
-  zeroed. Rows without any visible key get zero attention weights
-  (`base.safe_softmax`), so nothing is NaN in outputs or gradients.
-* N not divisible by L: padded internally to the next multiple of L (as
-  padding) and cropped back. The slice-level table needs
-  ceil(max_len / L) rows, which the encoder's `max_len` provides.
-* Causal global output of slice 0: zero (no visible slice, no bias).
-* Table initialisation: N(0, 0.02) (`position_init_std`), as learned
-  position tables of the PyTorch LRA ports.
-* Attention dropout (not specified): the layer's `dropout_rate` is applied to
-  the probabilities of both attentions, as in the softmax baseline.
-* 'global_first' (not specified beyond "global, then local"): the global
-  attention runs on the masked mean of the *input* slices; its broadcast
-  output is added to the tokens before the local attention and to the local
-  output after it: `Y = local(S + G) + G`. Without the first addition the
-  local attention would not see the global result; without the second the
-  order would not mirror Eq. 10.
-* 'linear' aggregation: a learned linear map of the L masked tokens of a
-  slice to D (a convolution with kernel = stride = L over the zeroed padded
-  tokens, as the paper describes), Xavier-initialised; 'max' takes the
-  maximum over real tokens (zero for an empty slice).
-* A CLS token (the LRA-protocol configs pool on it) is simply position 0 of
-  slice 0. The paper (A.8) finds CLS awkward for CST and pools by the mean,
-  which the `:cst` protocol option does.
-* Numerics: with dtype=bfloat16 the projections run in bf16, while logits,
-  softmax and the slice means accumulate in float32; the tables are float32
-  parameters cast to the activation dtype when added.
-* `out_features` other than the input width: the layer computes CSA at the
-  input width (the local output must fit the shared Q/K/V projections of the
-  global attention) and maps the result with one extra linear layer
-  (`resize`). The encoder never asks for this.
-
-Cost per layer and head: local logits `[n, L, alpha L]` (N alpha L entries),
-global logits `[n, n]` ((N / L)^2 entries); no array has two axes of size N.
-
-Diagnostics: the layer sows `slice_embedding` and `global_output` (`[B, n, D]`)
-into the `intermediates` collection and the ratio of the root-mean-square
-global to local output over real tokens into `metrics`
-(`global_to_local_rms`), which the trainer logs.
+Diagnostics: `slice_embedding` and `global_output` (`[B, n, D]`) are sown
+into `intermediates`, the root-mean-square ratio of the global to the local
+output over real tokens into `metrics` (`global_to_local_rms`).
 """
 
 from __future__ import annotations
@@ -238,7 +173,7 @@ class MultiScalePositions(nn.Module):
 
 
 class CompositeSliceAttention(base.Attention):
-  """Composite Slice Attention; see the module docstring for every choice.
+  """Composite Slice Attention (docs/mechanisms/cst.md §3: every choice).
 
   Attributes:
     slice_length: L, tokens per slice.
@@ -262,7 +197,7 @@ class CompositeSliceAttention(base.Attention):
   position_embedding: str = 'ms_vipe'
   position_init_std: float = 0.02
 
-  def __post_init__(self):
+  def check_knobs(self) -> None:
     check_slicing(self.slice_length, self.alpha)
     for knob, value, valid in (
         ('composition', self.composition, COMPOSITIONS),
@@ -270,7 +205,6 @@ class CompositeSliceAttention(base.Attention):
         ('position_embedding', self.position_embedding, POSITION_EMBEDDINGS)):
       if value not in valid:
         raise ValueError(f'{knob}={value!r}; valid: {valid}.')
-    super().__post_init__()
 
   @classmethod
   def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
@@ -298,10 +232,9 @@ class CompositeSliceAttention(base.Attention):
         init_std=knob('position_init_std'), name=name)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True,
-               shared: Optional[Mapping[str, Array]] = None) -> Array:
-    """Applies CSA.
+  def attend(self, x: Array, *, padding_mask: Array, deterministic: bool,
+             shared: Optional[Mapping[str, Array]] = None) -> Array:
+    """Applies CSA (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
@@ -313,9 +246,9 @@ class CompositeSliceAttention(base.Attention):
         encoder passes it. Required iff position_embedding='ms_vipe'.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]` (zeroed at padded positions by the
+      caller).
     """
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     batch, length, features = x.shape
     size = self.slice_length
@@ -368,8 +301,6 @@ class CompositeSliceAttention(base.Attention):
           out_features, use_bias=self.use_bias, kernel_init=self.kernel_init,
           bias_init=self.bias_init, dtype=self.dtype,
           param_dtype=jnp.float32, name='resize')(y)
-    # Padded queries are inert (docs/mechanisms/softmax.md §3).
-    y = jnp.where(mask[..., None], y, jnp.zeros((), y.dtype))
     return y[:, :length]
 
   # -- pieces -----------------------------------------------------------------
@@ -475,11 +406,15 @@ class CompositeSliceAttention(base.Attention):
     if self.aggregation == 'max':
       return masked_slice_max(ys, ms)
     zeroed = jnp.where(ms[..., None], ys, jnp.zeros((), ys.dtype))
-    return nn.DenseGeneral(
+    embeddings = nn.DenseGeneral(
         features, axis=(-2, -1), use_bias=self.use_bias,
         kernel_init=self.kernel_init, bias_init=self.bias_init,
         dtype=self.dtype, param_dtype=jnp.float32,
         name='slice_projection')(zeroed)
+    # An empty slice's embedding is zero, as under 'mean' and 'max' (not the
+    # bias): in causal mode it is the query of the next slice.
+    return jnp.where(jnp.any(ms, axis=-1)[..., None], embeddings,
+                     jnp.zeros((), embeddings.dtype))
 
   def _global_attention(self, proj: Mapping[str, nn.Module], s: Array,
                         slice_valid: Array, pos: Optional[Array],
@@ -496,7 +431,8 @@ class CompositeSliceAttention(base.Attention):
 
     Returns:
       `[batch, slices, features]`; in causal mode row t depends on slices
-      < t only and row 0 is zero.
+      < t only. A row that sees no valid slice (causal: row 0, and row t
+      when slices < t are all invalid) is zero.
     """
     head_dim = proj['query'].features[-1]
     qk_inputs = s if pos is None else s + pos[None]
@@ -517,6 +453,14 @@ class CompositeSliceAttention(base.Attention):
       probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
       y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
     y = proj['out'](y)
+    # A query that sees no real slice outputs zero, W_o's bias included:
+    # in causal mode any slice whose earlier slices are all padding, like
+    # slice 0 (inclusive row t sees a real slice iff one of 0..t is real).
+    if self.causal:
+      sees = jnp.cumsum(slice_valid.astype(jnp.int32), axis=1) > 0
+    else:
+      sees = jnp.any(slice_valid, axis=1, keepdims=True)
+    y = jnp.where(sees[..., None], y, jnp.zeros((), y.dtype))
     if self.causal:
       # Inclusive-causal output of slice t - 1 = the shifted query of slice t
       # over keys < t with a strictly causal mask.

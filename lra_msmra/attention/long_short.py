@@ -1,132 +1,60 @@
 """Long-Short attention (Transformer-LS), bidirectional and autoregressive.
 
-Paper: Zhu et al., "Long-Short Transformer: Efficient Transformers for
+Paper: C. Zhu et al., "Long-Short Transformer: Efficient Transformers for
 Language and Vision", NeurIPS 2021, arXiv:2107.02192. Official PyTorch code:
-github.com/NVIDIA/transformer-ls (`lra/attention_transformer_ls.py`, class
-`AttentionLS`, for the bidirectional model; `autoregressive/model_lib/
-layer.py`, class `ChunkedLSAttention`, for the autoregressive one).
+NVIDIA/transformer-ls (`lra/attention_transformer_ls.py`, class
+`AttentionLS`; `autoregressive/model_lib/layer.py`, class
+`ChunkedLSAttention`). docs/mechanisms/long_short.md §2, §3, §4, §5, §6
+and §8 give, in that order, the equations, the choices where the paper is
+silent, where we follow the code over the paper and where we depart from
+both, padding and lengths, the causal form and the invariants the tests
+check; equation numbers below are the paper's.
 
-Every query attends, under one softmax, to the union of
+Every query attends, under one softmax, to the keys of a local window and to
+r = `num_landmarks` dynamic projections per head, K̄ = Pᵀ K and V̄ = Pᵀ V with
+P = softmax(X W^P) normalised over the sequence (Eqs. 3, 4, 6). DualLN
+(Eq. 7) normalises the window keys and values with LN_L and the projected
+ones with LN_G, each over all heads jointly (`_DualLayerNorm`).
 
-* **short-term** keys/values in a local window, and
-* **long-range** keys/values: r "dynamic projections" per head,
-  K̄ = Pᵀ LN_L(K), V̄ = Pᵀ LN_L(V), where P = softmax(X W^P) is normalised over
-  the sequence (paper Eq. 3, 4).
+* Bidirectional (`causal=False`), as the official LRA code: segments of
+  w = `window_size` queries see the keys [g w - e, (g + 1) w + e),
+  e = max(w // 2, 1); P is a softmax over the whole sequence; an optional
+  zero-initialised depthwise convolution of the values
+  (`conv_kernel_size`).
+* Causal (`causal=True`), as the autoregressive code: query t sees the keys
+  [t - w + 1, t] and the compressed vectors of the chunks of l =
+  `chunk_size` tokens before its own chunk; each chunk has its own P. There
+  is no cache, and every chunk is compressed in the paper's order
+  (docs/mechanisms/long_short.md §4.3).
 
-DualLN (paper Eq. 7) normalises the window keys/values with LN_L and the
-projected ones with LN_G, so that both have the same scale at initialisation.
+`window_size=0` is pure dynamic projection, `num_landmarks=0` pure window
+attention. `normalize_before_compress` chooses whether P mixes LN_L's
+outputs or the raw projections. Lengths are padded internally to a multiple
+of w (causal: of lcm(l, w)) and cropped; padded positions output zero
+(`base.Attention`).
 
-Bidirectional form (`causal=False`), as the official LRA code computes it
--------------------------------------------------------------------------
-With head width d, queries Q = W_q X / sqrt(d), keys K = LN_L(W_k X) and
-values V = LN_L(W_v X):
+Cost: bidirectional O(N (r + w + 2e) d) time and O(N (r + w + 2e)) score
+memory per head; causal, the compressed logits are `[B, H, N, (N / l) r]`,
+quadratic in N with the constant r / l, as in the official code. The memory
+layout (not the function) is explained next to the code: the window tiles
+and the joint softmax in `_attend`, its recomputation in the backward pass
+in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
+`_layer_norm_bwd`.
 
-1. P = softmax over the sequence of W^P X, per head and landmark, padded
-   positions excluded (they get exactly zero weight).
-2. K̄ = LN_G(Pᵀ K), V̄ = LN_G(Pᵀ V): r vectors per head.
-3. The sequence is cut into segments of w tokens. A query of segment g sees
-   the keys at positions [g w - e, (g + 1) w + e) with e = max(w // 2, 1);
-   positions outside [0, N) and padded positions are masked.
-4. One softmax over [r projected | w + 2e window] logits per query; padded
-   query rows are zeroed.
-5. Optionally a depthwise convolution over the sequence of V (padded
-   positions zeroed) is added to the head outputs (`conv_kernel_size`).
+Intermediates (`mutable=['intermediates']`): `projection` (P; bidirectional
+`[B, N, H, r]`, causal `[B, chunks, l, H, r]`), `compressed_keys` (LN_G(K̄);
+`[B, r or chunks * r, H, d]`) and `probs` (the joint weights after zeroing
+padded queries, before dropout, `[B, H, N, slots]`: projected slots first,
+then window slots in key order), at the internally padded length. During
+training the metric `long_range_mass` is the mean weight on projected keys
+over real queries, when both parts are present.
 
-`window_size=0` gives pure dynamic-projection attention, `num_landmarks=0`
-pure segment-wise window attention.
-
-Autoregressive form (`causal=True`, paper §3.3 Eq. 5)
------------------------------------------------------
-* The sequence is cut into chunks of l = `chunk_size` tokens. Each chunk is
-  compressed on its own: P is a softmax over the l positions of the chunk,
-  giving r vectors per chunk and head (the code's `chunk_rank`). A query in
-  chunk c sees the compressed vectors of chunks 0 .. c-1 only.
-* The window is per token, as in the autoregressive code: query t sees keys
-  [t - w + 1, t], itself included.
-* As in the autoregressive code, chunks compress the raw W_k X and W_v X, and
-  LN_G is applied afterwards (`normalize_before_compress=None`).
-
-Where the paper and the official code differ, we follow the code:
-
-* Window width: w + 2 max(w // 2, 1) keys (the paper says 2w; they differ for
-  odd w, and w = 1, the best Text/Retrieval setting, gives 3 keys).
-* Out-of-range keys are masked, not just zero-padded.
-* DualLN normalises over all heads jointly (LayerNorm over heads x head_dim,
-  parameters of shape [heads, head_dim]), with PyTorch's epsilon 1e-5, one
-  LN_L shared by keys and values and one LN_G shared by K̄ and V̄.
-* W^P is fed the attention input X (already layer-normalised by the block),
-  not the projected keys.
-* The optional convolution is zero-initialised, one k-tap kernel per head
-  shared by the head's channels, no bias, cross-correlation with k // 2 zeros
-  on each side, as `AttentionLS.conv`.
-
-Where we depart from both, or where they are silent:
-
-* W^P has no bias. The official `dconv_fc` has one, but P is normalised over
-  the sequence (or chunk) axis, along which the bias is constant, so it
-  cancels and never receives a gradient.
-* Padded query positions output exactly zero (project convention). The
-  official code zeroes their attention weights, so it returns W_o's bias
-  there, plus the convolution term.
-* A sequence with no real token gives zero outputs instead of NaN: every
-  softmax here is a safe softmax (rows without a valid entry get zero weight).
-* Lengths not divisible by w (bidirectional) or by lcm(l, w) (causal) are
-  right-padded internally with masked positions, then cropped. The official
-  LRA code requires N % w == 0 and its data scripts pad with masked zeros;
-  the official autoregressive evaluation pads to a multiple of lcm(l, w):
-  both are the same function.
-* The LRA harness's CLS token that joins only the last layer's attention
-  (`--cls_last_layer`) is not part of this module; pooling is the encoder's.
-* Causal form, cache-free: positions before 0 are masked. The official
-  autoregressive model attends to an all-zero Transformer-XL cache on its
-  first block instead, so its first-block numerics differ. The causal form
-  has no relative position terms (the code's `r_net`, `r_net_chunk`, u, v):
-  positions come from the encoder. Padded positions are masked in the window
-  and in each chunk's P; a chunk with no real token is not attended.
-* `normalize_before_compress` exposes the one pre-/post-LN difference
-  between the two official codes as a flag (docs/mechanisms/long_short.md §4.3).
-* The convolution has no causal form in the official code; with
-  `causal=True` it raises `NotImplementedError`.
-
-Cost. Bidirectional: O(N (r + w + 2e) d) time and O(N (r + w + 2e)) score
-memory per head: linear in N. Causal: the window part is O(N w d), but a query
-attends to up to (N / l) r compressed vectors, so the compressed logits are
-`[batch, heads, N, (N / l) r]`: quadratic in N with the small constant r / l,
-exactly as in the official autoregressive code and paper Eq. 5.
-
-Memory layout (the function is unchanged; only what is stored differs)
-----------------------------------------------------------------------
-* A block of w queries sees the `left` last keys of the previous block, its
-  own block and the `right` first keys of the next one (`_neighbours`),
-  exactly the keys [g w - left, (g + 1) w + right). Inside the attention
-  core these are concatenated into one tile per block (`_tiles`), so that
-  the window's scores and its weighted values are one batched product each
-  (three products of a few keys each ran slower on CPU than PyTorch's one);
-  the tiles are never kept for the backward pass (next point).
-* The joint softmax is taken over the parts without concatenating them
-  (`base.safe_softmax_parts`: shared row maximum and total).
-* The attention core (`_attend`, heads-major so that its products are
-  batched matmuls) keeps only its inputs and output for the backward pass,
-  which recomputes it (`_attend_recomputed`): no logits, weights or window
-  edges are stored. Recomputation costs one more forward pass of the core,
-  which is cheap next to the projections.
-* DualLN uses `_layer_norm`, the flax LayerNorm forward with an analytic
-  backward pass that keeps the input and per-row statistics only. Its
-  recomputation of x_hat depends on the incoming cotangent (`base.after`), so
-  that XLA's CPU backend, which drops optimization barriers, cannot merge it
-  with the forward pass's and keep the centred input and a full-size
-  broadcast of 1 / std live from the forward pass to the backward one
-  (32 MiB less temporary memory at N=4096, D=256, batch 4).
-
-Intermediates. With `mutable=['intermediates']` the module sows
-`projection` (P; bidirectional `[batch, length, heads, r]`, causal
-`[batch, chunks, l, heads, r]`), `compressed_keys` (LN_G(K̄);
-`[batch, r or chunks * r, heads, head_dim]`) and `probs` (the joint weights
-after zeroing padded queries, before dropout; `[batch, heads, length,
-slots]`, projected slots first, then window slots in key order). Lengths are
-the internally padded ones. During training it sows the metric
-`long_range_mass`: the mean attention mass on projected keys over real
-queries, when both parts are present.
+On TPU and GPU the same program runs: both custom backward passes recompute
+as on CPU and XLA keeps their optimization barriers, so the extra dependency
+on the cotangent is one small fused add per DualLN, local to each device's
+batch rows. The tiling was chosen by CPU timings; `tests/test_export.py`
+checks that every config lowers for both platforms (memory there has not
+been measured).
 """
 
 from __future__ import annotations
@@ -163,7 +91,8 @@ def _layer_norm(x: Array, scale: Array, bias: Array) -> Array:
   analytic LayerNorm gradient; it keeps only `x` and the per-row mean and
   1 / std and recomputes x_hat, instead of the several full-size arrays
   (centred input, broadcast multipliers) that autodiff of the flax code
-  keeps.
+  keeps. The function is unchanged; only what is stored between the passes
+  differs (`_layer_norm_bwd` says how XLA is kept from undoing this).
   """
   return _layer_norm_fwd(x, scale, bias)[0]
 
@@ -179,10 +108,13 @@ def _layer_norm_fwd(x, scale, bias):
 
 
 def _layer_norm_bwd(residuals, d_y):
-  # Keep XLA from merging the recomputation of x_hat (and its full-size
-  # broadcast of inv_std) with the forward pass's, which would then stay
-  # live in between. The barrier does that where the backend keeps it; the
-  # CPU backend drops it, so the statistics also depend on d_y (`base.after`).
+  # Keep XLA from merging the recomputation of x_hat with the forward
+  # pass's: merged, the centred input and a full-size broadcast of inv_std
+  # would stay live from the forward pass to the backward one. The barrier
+  # does that where the backend keeps it (TPU, GPU); XLA's CPU backend drops
+  # optimization barriers, so the statistics are also made to depend on d_y
+  # (`base.after`, row by row), which only exists in the backward pass. That
+  # saves 32 MiB of temporary memory at N = 4096, D = 256, batch 4.
   (x, scale, mean, inv_std), d_y = jax.lax.optimization_barrier(
       (residuals, d_y))
   rows = tuple(range(x.ndim - 2))
@@ -263,8 +195,14 @@ def _attend(q: Array, projected, window, query_mask: Array,
             ) -> tuple[Array, list[Array]]:
   """The joint softmax attention over projected and window keys.
 
-  A pure function of arrays, so that `jax.checkpoint` can wrap it (see the
-  module docstring, "Memory layout").
+  A pure function of arrays, so that the backward pass can recompute it
+  (`_attend_recomputed`). It is heads-major, so that each of its products is
+  one batched matmul. The memory layout differs from the plain formula, not
+  the function: the window's keys and values are gathered per block into
+  one tile each (below), and the joint softmax is taken over the parts
+  without concatenating them (`base.safe_softmax_parts`: one shared row
+  maximum and total), so no second copy of the logits or of their masks is
+  built.
 
   Args:
     q: `[batch, length, heads, head_dim]` scaled queries.
@@ -308,10 +246,13 @@ def _attend(q: Array, projected, window, query_mask: Array,
     q_blocks = q.reshape(batch, heads, groups, w, head_dim)
     k_blocks = as_blocks(k)
     k_left, k_right = _neighbours(k_blocks, left, right, 0, axis=2)
-    # Keys of block g in key order: [end of g - 1 | block g | start of g + 1],
-    # one tile per block, so that scores and values take one batched product
-    # each (three products of a few keys each are slower on CPU). The tiles
-    # live only inside this function, which the backward pass recomputes.
+    # Keys of block g in key order: [end of g - 1 | block g | start of g + 1]
+    # (`_neighbours`: exactly the keys [g w - left, (g + 1) w + right)), one
+    # tile per block, so that scores and values take one batched product
+    # each (three products of a few keys each ran slower on CPU than the
+    # official code's single strided product). The tiles live only inside
+    # this function, which the backward pass recomputes, so they are never
+    # stored between the passes.
     k_tiles = _tiles(k_left, k_blocks, k_right, axis=3)
     win = jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, k_tiles,
                      preferred_element_type=jnp.float32)
@@ -365,11 +306,13 @@ def _attend_recomputed(config: _AttendConfig, q, projected, window,
   """`_attend`, keeping only its inputs and output for the backward pass.
 
   The backward pass recomputes `_attend` and differentiates it with
-  `jax.vjp`, so the gradients are those of `_attend` itself. Unlike
-  `jax.checkpoint`, the recomputation waits (`lax.optimization_barrier`) for
-  the output and its cotangent, so XLA cannot hoist it into the forward pass,
-  where its intermediates would be live at the same time as the forward
-  ones.
+  `jax.vjp`, so the gradients are those of `_attend` itself: no logits,
+  weights or window tiles are stored between the passes, for the cost of one
+  more forward pass of the core, which is cheap next to the projections.
+  Unlike `jax.checkpoint`, the recomputation waits
+  (`lax.optimization_barrier`) for the output and its cotangent, so XLA
+  cannot hoist it into the forward pass, where its intermediates would be
+  live at the same time as the forward ones.
   """
   return _attend(q, projected, window, query_mask, dropout_mask,
                  **config._asdict())
@@ -435,7 +378,7 @@ class LongShortAttention(base.Attention):
   conv_kernel_size: int = 0
   normalize_before_compress: Optional[bool] = None
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     w, r = self.window_size, self.num_landmarks
     if w < 0 or r < 0:
       raise ValueError(f'window_size={w} and num_landmarks={r} must be >= 0.')
@@ -470,21 +413,19 @@ class LongShortAttention(base.Attention):
     return _DualLayerNorm(dtype=self.dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
-    """Applies the attention.
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
+    """Applies the attention (called by `base.Attention.__call__`).
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: `[batch, length]` bool, True = real token.
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]` (zeroed at padded positions by the
+      caller).
     """
-    self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     w, r = self.window_size, self.num_landmarks
     chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
@@ -551,7 +492,6 @@ class LongShortAttention(base.Attention):
     if self.conv_kernel_size:
       out = out + self._value_conv(v_local, padding_mask)
     y = self.output_projection(out_features)(out.astype(self.dtype))
-    y = y * padding_mask[..., None].astype(y.dtype)
     return y[:, :length]
 
   # -- bidirectional --------------------------------------------------------

@@ -7,17 +7,22 @@ old `flax.nn.attention`), docs/protocol.md §3.1:
 
 * Q, K, V and output projections, Xavier-uniform kernels, no biases by default;
 * queries divided by sqrt(head_dim);
-* the mask is the outer product of the query and key padding masks, applied as
-  an additive bias of -1e10 (so a padded query row attends uniformly to all
-  keys, as in LRA: only real-token outputs are meaningful);
+* the mask is the outer product of the query and key padding masks (and,
+  with `causal=True`, of the causal mask), applied as an additive bias of
+  -1e10;
 * softmax in float32, then element-wise dropout on the probabilities.
 
-With `causal=True` keys after the query are masked as well.
+Padded query rows: the one exception to the padded-row rule of
+`base.Attention` (`zero_padded_queries = False`). A padded row has every
+logit at -1e10, so it attends uniformly to all positions (in causal form,
+later ones included) and holds the mean of all values through W_o, as in
+LRA. We keep it because the LRA protocol reads those rows: MEAN pooling
+averages over padded positions (P9), and a black first pixel masks the CLS
+query that Image pools on (P8). Real outputs never read them.
+docs/mechanisms/softmax.md §2 and §3.2 give the details.
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -29,10 +34,12 @@ from lra_msmra.attention import base
 class SoftmaxAttention(base.Attention):
   """Full softmax attention, O(N^2) time and memory (see module docstring)."""
 
+  # LRA's values at padded queries (see the module docstring).
+  zero_padded_queries = False
+
   @nn.compact
-  def __call__(self, x: jax.Array, *, padding_mask: Optional[jax.Array] = None,
-               deterministic: bool = True) -> jax.Array:
-    padding_mask = base.default_padding_mask(x, padding_mask)
+  def attend(self, x: jax.Array, *, padding_mask: jax.Array,
+             deterministic: bool) -> jax.Array:
     _, head_dim, out_features = self.head_dims(x)
     x = x.astype(self.dtype)
     q = self.projection(head_dim, 'query')(x)

@@ -40,6 +40,8 @@ class StandaloneAttention(nn.Module):
     dropout_rate: attention dropout.
     causal: build the causal form.
     dtype: activation dtype.
+    use_bias: biases on the layer's projections (the contract's
+      `use_bias`; they start at zero, `bias_init`'s default).
     max_len: the longest sequence the model would see; sizes the shared
       module (e.g. CST's slice-level position table).
   """
@@ -51,6 +53,7 @@ class StandaloneAttention(nn.Module):
   dropout_rate: float = 0.0
   causal: bool = False
   dtype: Any = jnp.float32
+  use_bias: bool = False
   max_len: int = 64
 
   @nn.compact
@@ -75,6 +78,7 @@ class StandaloneAttention(nn.Module):
     layer = cls(num_heads=self.num_heads, qkv_features=self.qkv_features,
                 out_features=self.out_features,
                 dropout_rate=self.dropout_rate, causal=self.causal,
-                dtype=self.dtype, name='attention', **dict(self.kw))
+                dtype=self.dtype, use_bias=self.use_bias, name='attention',
+                **dict(self.kw))
     return layer(x, padding_mask=padding_mask, deterministic=deterministic,
                  **call_kw)

@@ -299,6 +299,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
       common.log(f'[{spec.label}] torch check: {check.get("status")} '
            f'{check.get("max_abs_diff", check.get("reason", ""))}')
     history: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    # Device memory once a point measured it (GPU/TPU), else host memory.
+    budgets: dict[tuple[str, str], Optional[float]] = {}
     blocked: dict[str, str] = {}
     for length in args.length_list:
       for backend in backends:
@@ -321,9 +323,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                               f'{check.get("reason", "")}')
           elif key in blocked:
             rec.update(status='skipped', reason=blocked[key])
-          elif common.over_budget(predicted, budget):
+          elif common.over_budget(predicted, budgets.get(key, budget)):
             rec.update(status='skipped', predicted_peak_bytes=predicted,
-                       reason=common.over_budget(predicted, budget))
+                       reason=common.over_budget(
+                           predicted, budgets.get(key, budget)))
           else:
             result = common.run_worker(
                 MODULE, _payload(args, spec, backend, mode, length),
@@ -333,7 +336,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
               rec['predicted_peak_bytes'] = predicted
           if rec['status'] == 'ok':
             history.setdefault(key, []).append(
-                (length, rec['process_peak_bytes']))
+                (length, common.measured_bytes(rec)))
+            budgets[key] = common.prediction_budget(
+                rec, args.memory_budget_gb, budget)
           elif key not in blocked:
             blocked[key] = common.not_run_reason(length, rec)
           records.append(rec)

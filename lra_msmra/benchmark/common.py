@@ -16,15 +16,19 @@ Measuring choices (the benchmarks' docstrings refer to these):
   the computation itself adds on top of parameters, inputs and the compiled
   program (`PeakMemory`). The process's overall peak (`ru_maxrss`, compile
   included) is recorded as well. On GPU/TPU the runtime's per-device
-  `peak_bytes_in_use` minus `bytes_in_use` before the run is used instead.
+  `peak_bytes_in_use` minus `bytes_in_use` before the run is used instead
+  (the /proc figures are then host memory and are only recorded).
 * Points that would not fit are skipped, not crashed: before a point runs,
   its peak is predicted from the two previous lengths of the same mechanism
   (a power law in the length, exponent clipped to [1, 2.5]; from a single
   point, the exponent a hint gives, e.g. the same mechanism's growth on
   another backend, else 2), and a point predicted above the memory budget
-  is recorded as skipped, as are longer lengths after it. A watchdog also kills a worker
-  whose resident memory passes the budget or whose run passes the time
-  limit, and records the point as skipped with the reason.
+  is recorded as skipped, as are longer lengths after it. The peaks and the
+  budget are the device's on GPU/TPU (`measured_bytes`, `prediction_budget`:
+  `--memory_budget_gb` or 90 % of the device's memory) and the process's
+  resident memory on CPU. A watchdog also kills a worker
+  whose resident memory passes the (host) budget or whose run passes the
+  time limit, and records the point as skipped with the reason.
 """
 
 from __future__ import annotations
@@ -235,6 +239,9 @@ def memory_available_bytes() -> Optional[int]:
   return None
 
 
+DEVICE_METHOD = 'device peak_bytes_in_use'
+
+
 class PeakMemory:
   """Net peak memory of a block of work (see the module docstring).
 
@@ -251,7 +258,7 @@ class PeakMemory:
 
   def __enter__(self) -> 'PeakMemory':
     if self._device is not None:
-      self.method = 'device peak_bytes_in_use'
+      self.method = DEVICE_METHOD
       self._start = self._device.memory_stats()['bytes_in_use']
     elif reset_peak_rss():
       self.method = 'resident memory (VmHWM after clear_refs)'
@@ -263,8 +270,11 @@ class PeakMemory:
     return self
 
   def __exit__(self, *exc) -> None:
+    self.limit = None
     if self._device is not None:
-      self.peak = self._device.memory_stats()['peak_bytes_in_use']
+      stats = self._device.memory_stats()
+      self.peak = stats['peak_bytes_in_use']
+      self.limit = stats.get('bytes_limit')
     else:
       self.peak = _status_bytes('VmHWM')
     self.baseline = self._start
@@ -273,8 +283,39 @@ class PeakMemory:
     net = None
     if self.peak is not None and self.baseline is not None:
       net = max(self.peak - self.baseline, 0)
-    return {'method': self.method, 'baseline_bytes': self.baseline,
-            'peak_bytes': self.peak, 'net_peak_bytes': net}
+    out = {'method': self.method, 'baseline_bytes': self.baseline,
+           'peak_bytes': self.peak, 'net_peak_bytes': net}
+    if self.limit is not None:
+      out['limit_bytes'] = self.limit
+    return out
+
+
+def measured_bytes(rec: Mapping[str, Any]) -> Optional[float]:
+  """The memory of a measured point that longer lengths are predicted from.
+
+  The device's peak where the worker measured one (GPU/TPU), else the worker
+  process's resident peak (CPU).
+  """
+  memory = rec.get('memory') or {}
+  if memory.get('method') == DEVICE_METHOD:
+    return memory.get('peak_bytes')
+  return rec.get('process_peak_bytes')
+
+
+def prediction_budget(rec: Mapping[str, Any], budget_gb: Optional[float],
+                      host_budget: Optional[float]) -> Optional[float]:
+  """The budget that predictions from measured point `rec` are held to.
+
+  On GPU/TPU (device memory measured) `budget_gb`, else 90 % of the
+  device's memory; on CPU the host budget.
+  """
+  memory = rec.get('memory') or {}
+  if memory.get('method') != DEVICE_METHOD:
+    return host_budget
+  if budget_gb:
+    return budget_gb * GIB
+  limit = memory.get('limit_bytes')
+  return 0.9 * limit if limit else None
 
 
 def growth_exponent(history: Sequence[tuple[int, float]]

@@ -43,7 +43,7 @@ import numpy as np
 from lra_msmra import config_lib
 from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
-from lra_msmra import train
+from lra_msmra import steps as steps_lib
 
 # (part, pattern of the operation's source path), first match wins.
 PARTS = (
@@ -131,14 +131,14 @@ def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
 def profile(config, *, steps: int, batch_size: Optional[int], seed: int = 0,
             trace_dir: Optional[str] = None) -> dict[str, Any]:
   spec = data_lib.get_model_spec(config)
-  model, tx, schedule = train.build(config, spec)
+  model, tx, schedule = steps_lib.build(config, spec)
   batch_size = batch_size or config.batch_size
-  init = functools.partial(train.create_train_state, model=model, tx=tx,
-                           batch=train.example_batch(spec))
+  init = functools.partial(steps_lib.create_train_state, model=model, tx=tx,
+                           batch=steps_lib.example_batch(spec))
   state = jax.jit(init)(jax.random.PRNGKey(seed))
   batch = example_batch(spec, batch_size, seed)
   step = jax.jit(functools.partial(
-      train.train_step, model=model, tx=tx, schedule=schedule,
+      steps_lib.train_step, model=model, tx=tx, schedule=schedule,
       grad_accum_steps=config.grad_accum_steps), donate_argnums=0)
   start = time.perf_counter()
   state, metrics = step(state, batch)

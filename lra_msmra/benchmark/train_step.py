@@ -7,7 +7,7 @@ r"""Training-step benchmark in the style of LRA Table 2.
 LRA Table 2 (Tay et al.) reports, for the byte-level Text task at lengths 1K
 to 4K, training steps per second and peak memory of every model relative to
 the Transformer. This command measures the same on our trainer: one jitted
-`lra_msmra.train.train_step` (forward, backward, optimizer update, state
+`lra_msmra.steps.train_step` (forward, backward, optimizer update, state
 donated) of the full model a task config builds.
 
 * Each name picks a config file of `--task` (default `text`): `softmax` ->
@@ -96,6 +96,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def load_config(payload: Mapping[str, Any]):
   """The config of a point: the file, its options, length, batch, knobs."""
   from lra_msmra import config_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import validation  # pylint: disable=g-import-not-at-top
   path = payload['config_path']
   module = config_lib.load_sibling(path, os.path.basename(path)[:-3])
   config = module.get_config(payload['options'] or None)
@@ -107,7 +108,7 @@ def load_config(payload: Mapping[str, Any]):
     if isinstance(value, tuple):
       value = list(value)
     config.model.attention_kw[key] = value
-  config_lib.validate(config)
+  validation.validate(config)
   return config
 
 
@@ -116,14 +117,14 @@ def _worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from lra_msmra import data as data_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra import models  # pylint: disable=g-import-not-at-top
-  from lra_msmra import train  # pylint: disable=g-import-not-at-top
+  from lra_msmra import steps  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
 
   config = load_config(payload)
   spec = data_lib.get_model_spec(config)
-  model, tx, schedule = train.build(config, spec)
-  init = functools.partial(train.create_train_state, model=model, tx=tx,
-                           batch=train.example_batch(spec))
+  model, tx, schedule = steps.build(config, spec)
+  init = functools.partial(steps.create_train_state, model=model, tx=tx,
+                           batch=steps.example_batch(spec))
   state = jax.jit(init)(jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)
   shape = (config.batch_size, spec['max_len'])
@@ -134,7 +135,7 @@ def _worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   if spec['dual']:
     batch['inputs2'] = rng.integers(1, spec['vocab_size'], shape,
                                     dtype=np.int32)
-  step_fn = functools.partial(train.train_step, model=model, tx=tx,
+  step_fn = functools.partial(steps.train_step, model=model, tx=tx,
                               schedule=schedule,
                               grad_accum_steps=config.grad_accum_steps)
   counted = flops_lib.matmul_flops(step_fn, state, batch)
@@ -175,6 +176,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
   for spec in args.specs:
     path = config_path(args.config_dir, args.task, spec.name)
     history: list[tuple[int, float]] = []
+    point_budget = budget  # The device's once a point measured it.
     blocked = None
     for length in args.length_list:
       rec = {'mechanism': spec.label, 'name': spec.name, 'kw': dict(spec.kw),
@@ -183,9 +185,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
       predicted = common.predict_bytes(history, length)
       if blocked:
         rec.update(status='skipped', reason=blocked)
-      elif common.over_budget(predicted, budget):
+      elif common.over_budget(predicted, point_budget):
         rec.update(status='skipped', predicted_peak_bytes=predicted,
-                   reason=common.over_budget(predicted, budget))
+                   reason=common.over_budget(predicted, point_budget))
       else:
         payload = {'config_path': path, 'options': args.options,
                    'kw': dict(spec.kw), 'length': length,
@@ -196,7 +198,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                                      memory_budget_bytes=budget,
                                      timeout_s=args.timeout_s))
       if rec['status'] == 'ok':
-        history.append((length, rec['process_peak_bytes']))
+        history.append((length, common.measured_bytes(rec)))
+        point_budget = common.prediction_budget(rec, args.memory_budget_gb,
+                                                budget)
       elif not blocked:
         blocked = common.not_run_reason(length, rec)
       records.append(rec)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from lra_msmra import models
-from lra_msmra import train
+from lra_msmra import steps
 from lra_msmra.attention import adamra
 
 FEATURES, SUBHEADS = 16, 2
@@ -58,11 +58,15 @@ def _feature(a, feature_map):
 
 
 def reference(params, x, mask, *, rates, projections, segment_means,
-              router_gate, feature_map='relu', eps=1e-6, mixture=False):
+              router_gate, feature_map='relu', eps=1e-6, mixture=False,
+              keep_empty_segments=False):
   """AdaMRA from the paper's equations, with explicit landmark weights.
 
   `mixture=True` replaces the routed head by the router-weighted sum of all
   heads (the function whose gradient `'straight_through'` passes back).
+  `keep_empty_segments=True` keeps a segment without a real token as a
+  landmark with zero mean key and value (a Nystromformer-style mean; the
+  module leaves such segments out).
 
   Returns (output [B, N, out], per-head weights [B, N_pad, m_h, S] and the
   matching landmark validity [B, m_h]).
@@ -115,6 +119,7 @@ def reference(params, x, mask, *, rates, projections, segment_means,
         idx = slice(j * k_len, (j + 1) * k_len)
         real = mask[b, idx]
         if not real.any():
+          valid[b, j] = keep_empty_segments
           continue
         valid[b, j] = True
         if segment_means == 'masked':
@@ -389,9 +394,10 @@ def test_permutation_within_a_segment(head, perm_len, invariant):
   assert close == invariant
 
 
+@pytest.mark.parametrize('feature_map', adamra.FEATURE_MAPS)
 @pytest.mark.parametrize('mode', adamra.SEGMENT_MEANS)
-def test_padding(mode):
-  module = _module(segment_means=mode, use_bias=True,
+def test_padding(mode, feature_map):
+  module = _module(segment_means=mode, feature_map=feature_map, use_bias=True,
                    bias_init=nn.initializers.normal(0.5))
   x = _inputs(2, 40, seed=8)
   mask = jnp.arange(40)[None, :] < jnp.array([[9], [9]])
@@ -407,6 +413,36 @@ def test_padding(mode):
   # no real token and must add nothing.
   y_short = _run(module, variables, x[:, :9], mask[:, :9])
   np.testing.assert_allclose(y[:, :9], y_short, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('feature_map', adamra.FEATURE_MAPS)
+def test_segments_of_internal_padding_are_left_out(feature_map):
+  """'unmasked' means with no user padding: internal padding adds nothing.
+
+  Rates (1, 1/4) pad 13 real tokens to 16, so the k = 1 head has three
+  segments made only of internal padding. A Nystromformer-style mean keeps
+  them as landmarks with zero key and value: harmless under ReLU (phi(0) =
+  0), but under ELU + 1 phi(0) = 1 adds to every query's denominator, so the
+  output would depend on how far the input was padded. The module leaves
+  them out.
+  """
+  rates = (1, 1 / 4)
+  case = dict(projections='stacked', segment_means='unmasked',
+              router_gate='prob', feature_map=feature_map)
+  module = _module(compression_rates=rates, **case)
+  x = _inputs(2, 13, seed=12)
+  mask = jnp.ones((2, 13), bool)
+  variables = _init(module, x, mask)
+  y = np.asarray(_run(module, variables, x, mask))
+  left_out, _ = reference(variables['params'], x, mask, rates=rates, **case)
+  kept, _ = reference(variables['params'], x, mask, rates=rates,
+                      keep_empty_segments=True, **case)
+  np.testing.assert_allclose(y, left_out, rtol=1e-4, atol=1e-5)
+  gap = np.abs(kept - left_out).max()
+  if feature_map == 'relu':
+    assert gap < 1e-6
+  else:
+    assert gap > 1e-2  # the choice matters: queries routed to k = 1 see it.
 
 
 def test_masked_and_unmasked_means_differ_only_with_partial_segments():
@@ -512,7 +548,7 @@ def test_route_fractions_are_sown_as_metrics():
   _, sown = jax.jit(lambda p, i: encoder.apply(
       p, i, deterministic=True, mutable=['metrics']))(params, ids)
   # What the trainer logs. pylint: disable-next=protected-access
-  logged = train._sown_means(sown['metrics'])
+  logged = steps._sown_means(sown['metrics'])
   for layer in range(2):
     for h in range(3):
       assert f'block_{layer}/attention/route_fraction/head_{h}' in logged

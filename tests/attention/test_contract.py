@@ -2,6 +2,15 @@
 
 Runs over every entry of `lra_msmra.attention.REGISTRY` (with the knobs listed
 in `harness.CONTRACT_CASES`), in bidirectional and causal form.
+
+The padded-row rule (docs/mechanisms/softmax.md §3.2), one for every
+mechanism: the output at a padded query position is exactly zero, biases
+included (`base.Attention.zero_padded_queries`). The softmax baseline is the
+one exception: it keeps the LRA reference's values there (a padded query
+attends uniformly to every position), because the LRA protocol reads them
+(unmasked MEAN pooling, P9; a CLS query masked by a black pixel, P8).
+`test_padded_rows_with_biases` checks the rule for every registered
+mechanism and case, bidirectional and causal.
 """
 
 import jax
@@ -171,3 +180,68 @@ def test_bfloat16_runs_and_tracks_float32(name, cid, kw):
   scale = np.abs(np.asarray(y32))[real].mean()
   assert bool(np.all(np.isfinite(err)))
   assert err.mean() < 0.05 * scale + 1e-3
+
+
+def _padded_rows_mask(length):
+  """Leading, inner and trailing padding, and an example with no real token."""
+  mask = np.ones((3, length), bool)
+  mask[0, :5] = False           # left padding: whole leading blocks.
+  mask[1, 4:9] = False          # an inner run.
+  mask[1, length - 1] = False   # and a trailing position.
+  mask[2, :] = False
+  return jnp.asarray(mask)
+
+
+def _random_biases(params, seed=3):
+  """Every bias drawn from N(0, 1), so that none of them is zero."""
+  rng = np.random.RandomState(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: jnp.asarray(rng.standard_normal(leaf.shape),
+                                     leaf.dtype)
+      if getattr(path[-1], 'key', None) == 'bias' else leaf, params)
+
+
+def _lra_padded_rows(params, x):
+  """LRA's softmax at a padded query: uniform weights over all positions."""
+  p = params['attention']
+  v = jnp.einsum('blf,fhd->blhd', x, p['value']['kernel']) + p['value']['bias']
+  out = jnp.einsum('bhd,hdf->bf', v.mean(1), p['out']['kernel'])
+  return out + p['out']['bias']
+
+
+def test_only_the_softmax_baseline_keeps_lra_padded_rows():
+  keeps = {name for name, cls in attention.REGISTRY.items()
+           if not cls.zero_padded_queries}
+  assert keeps == {'softmax'}
+
+
+@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('causal', [False, True])
+def test_padded_rows_with_biases(name, cid, kw, causal):
+  """The padded-row rule (module docstring), with every bias non-zero.
+
+  Left padding covering whole blocks, an inner run, a trailing position and
+  an example with no real token: what a mechanism leaves at padded rows (a
+  bias, a convolution term, a span summary) must not show.
+  """
+  length = 13  # internal padding too, for every mechanism that pads.
+  h = _build(name, kw, causal=causal, use_bias=True)
+  if h is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  x = jax.random.normal(jax.random.PRNGKey(5), (3, length, FEATURES))
+  mask = _padded_rows_mask(length)
+  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  variables = {**variables, 'params': _random_biases(variables['params'])}
+  y = np.asarray(jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m))(
+      variables, x, mask))
+  padded = ~np.asarray(mask)
+  assert np.all(np.isfinite(y))
+  if attention.REGISTRY[name].zero_padded_queries:
+    worst = float(np.abs(y[padded]).max())
+    assert worst == 0.0, f'padded query rows are not zero (max |y| {worst:.3g})'
+  else:
+    expected = np.broadcast_to(
+        np.asarray(_lra_padded_rows(variables['params'], x))[:, None],
+        y.shape)
+    np.testing.assert_allclose(y[padded], expected[padded], rtol=1e-5,
+                               atol=1e-5)

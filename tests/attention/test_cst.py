@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_msmra import config_lib
 from lra_msmra import models
+from lra_msmra import validation
 from lra_msmra.attention import cst
 from lra_msmra.attention import softmax
 from tests import helpers
@@ -129,19 +129,25 @@ def _influence(stack, params, x):
 
 
 def _attend(p, q_in, k_in, v_in, use_bias):
-  """One query over K keys with the projections in `p`; K may be 0."""
+  """One query over K keys with the projections in `p`.
+
+  K may be 0: a query that sees no key outputs zero, W_o's bias included
+  (docs/mechanisms/cst.md §6: a query with no visible real slice outputs
+  zero).
+  """
+  if not len(k_in):
+    return np.zeros(p['out']['kernel'].shape[-1])
+
   def proj(name, a):
     y = np.einsum('...f,fhd->...hd', a, p[name]['kernel'])
     return y + p[name]['bias'] if use_bias else y
   head_dim = p['query']['kernel'].shape[-1]
-  heads = np.zeros(p['query']['kernel'].shape[1:])
-  if len(k_in):
-    q = proj('query', q_in) / math.sqrt(head_dim)
-    k, v = proj('key', np.stack(k_in)), proj('value', np.stack(v_in))
-    logits = np.einsum('hd,khd->hk', q, k)
-    w = np.exp(logits - logits.max(axis=1, keepdims=True))
-    w /= w.sum(axis=1, keepdims=True)
-    heads = np.einsum('hk,khd->hd', w, v)
+  q = proj('query', q_in) / math.sqrt(head_dim)
+  k, v = proj('key', np.stack(k_in)), proj('value', np.stack(v_in))
+  logits = np.einsum('hd,khd->hk', q, k)
+  w = np.exp(logits - logits.max(axis=1, keepdims=True))
+  w /= w.sum(axis=1, keepdims=True)
+  heads = np.einsum('hk,khd->hd', w, v)
   y = np.einsum('hd,hdf->f', heads, p['out']['kernel'])
   return y + p['out']['bias'] if use_bias else y
 
@@ -152,7 +158,7 @@ def _spread(g, size):
 
 
 def _reference(params, x, mask, kw, causal, use_bias):
-  """CSA computed token by token in float64 (module docstring semantics)."""
+  """CSA token by token in float64 (docs/mechanisms/cst.md §2 and §6)."""
   size = kw.get('slice_length', 8)
   alpha = kw.get('alpha', 1)
   composition = kw.get('composition', 'local_first')
@@ -192,7 +198,7 @@ def _reference(params, x, mask, kw, causal, use_bias):
         out[s] = rows[real].sum(0) / max(real.sum(), 1)
       elif aggregation == 'max':
         out[s] = rows[real].max(0) if real.any() else 0.0
-      else:
+      elif real.any():  # 'linear'; an empty slice's embedding is zero.
         kernel = lp['slice_projection']['kernel']  # [L, D, D]
         out[s] = np.einsum('lf,lfg->g', rows * real[:, None], kernel)
         if use_bias:
@@ -205,7 +211,8 @@ def _reference(params, x, mask, kw, causal, use_bias):
       if causal:
         if t == 0:
           continue  # no slice before the first one.
-        # The paper's form: query of slice t - 1, keys s < t.
+        # The paper's form: query of slice t - 1, keys s < t. When all of
+        # them are padding there is no key, and the output is zero.
         query, keys = t - 1, [s for s in range(t) if valid[s]]
       else:
         query, keys = t, [s for s in range(slices) if valid[s]]
@@ -276,6 +283,77 @@ def test_matches_dense_reference(kw, causal, use_bias):
   y = _apply(stack, params, x, mask)
   expected = _reference(params, x, mask, kw, causal, use_bias)
   np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
+
+
+def _mask_with_empty_slices(length, batch=3):
+  """Masks whose padding covers whole slices of L = 2 and L = 4.
+
+  Example 0 is left-padded (slices 0 and 1 hold no real token, slice 2 a
+  few); example 1 has an empty first slice and, after two real ones, an
+  empty slice whose embedding is the causal query of the next slice (with
+  two real keys, so that the query matters); example 2 is real up to
+  trailing padding.
+  """
+  mask = np.ones((batch, length), bool)
+  mask[0, :10] = False
+  mask[1, :4] = False
+  mask[1, 12:16] = False
+  mask[2, length - 3:] = False
+  return jnp.asarray(mask)
+
+
+# Empty slices in causal mode, biases on: a slice whose visible past is all
+# padding gets a global output of zero (as slice 0 does), and an empty slice's
+# embedding is zero under every aggregation (it is the shifted query of the
+# next slice, so it reaches real outputs).
+EMPTY_SLICE_CASES = [
+    ({'slice_length': 4}, True),
+    ({'slice_length': 4, 'alpha': 3, 'aggregation': 'linear'}, True),
+    ({'slice_length': 2, 'alpha': 2, 'aggregation': 'linear',
+      'composition': 'parallel', 'share_local_global': False}, True),
+    ({'slice_length': 4, 'alpha': 2, 'aggregation': 'max',
+      'composition': 'global_first'}, True),
+    ({'slice_length': 4, 'aggregation': 'linear'}, False),
+]
+
+
+@pytest.mark.parametrize(
+    'kw,causal', EMPTY_SLICE_CASES,
+    ids=[f'{"-".join(f"{k}={v}" for k, v in kw.items())}-causal={c}'
+         for kw, c in EMPTY_SLICE_CASES])
+def test_empty_slices_match_dense_reference(kw, causal):
+  length = 19  # not a multiple of L: padded internally, cropped back.
+  stack = _stack(kw, causal=causal, use_bias=True, max_len=20)
+  x, mask = _inputs(length, batch=3), _mask_with_empty_slices(length)
+  params = _init(stack, x, mask)
+  y = _apply(stack, params, x, mask)
+  expected = _reference(params, x, mask, kw, causal, use_bias=True)
+  np.testing.assert_allclose(np.asarray(y), expected, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize('aggregation', ['mean', 'max', 'linear'])
+def test_causal_global_output_is_zero_without_a_real_slice_before(
+    aggregation):
+  """Left padding: slices 0 to 2 see no real slice, like slice 0 of any input.
+
+  Biases on, so a branch that attends to nothing and still adds W_o's bias
+  shows.
+  """
+  length, size = 16, 4
+  stack = _stack({'slice_length': size, 'aggregation': aggregation},
+                 causal=True, use_bias=True, max_len=length)
+  x = _inputs(length)
+  mask = np.ones((2, length), bool)
+  mask[0, :9] = False  # slices 0, 1 empty; slice 2 has its first real token.
+  params = _init(stack, x, jnp.asarray(mask))
+  _, sown = _apply(stack, params, x, jnp.asarray(mask),
+                   mutable=('intermediates',))
+  (y_global,) = sown['intermediates']['attention_0']['global_output']
+  y_global = np.asarray(y_global)
+  assert np.all(y_global[0, :3] == 0.0)
+  assert np.all(np.abs(y_global[0, 3]).sum(-1) > 0)
+  assert np.all(y_global[1, 0] == 0.0)
+  assert np.all(np.abs(y_global[1, 1:]).sum(-1) > 0)
 
 
 # -------------------------- limiting cases (docs/mechanisms/cst.md §8)
@@ -565,10 +643,10 @@ def test_invalid_knobs_are_rejected(kw, match):
   config.model.attention = 'cst'
   config.model.attention_kw = kw
   with pytest.raises(ValueError, match=match):
-    config_lib.validate(config)
+    validation.validate(config)
   # and the same config with a valid CST knob set passes.
   config.model.attention_kw = {'slice_length': 4, 'alpha': 2}
-  config_lib.validate(config)
+  validation.validate(config)
 
 
 # --------------------------------------------------------------- efficiency

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from lra_msmra import config_lib
+from lra_msmra import validation
 from lra_msmra.attention import long_short
 from lra_msmra.attention.long_short import LongShortAttention
 
@@ -539,11 +540,11 @@ def test_best_configs_follow_the_paper(task, w, r):
   assert (fixed.model.attention_kw.window_size,
           fixed.model.attention_kw.num_landmarks) == (8, 32)
   best = _config(task, 'xiong,best')
-  config_lib.validate(best)
+  validation.validate(best)
   assert (best.model.attention_kw.window_size,
           best.model.attention_kw.num_landmarks) == (w, r)
   best_local = _config(task, 'best,xiong,runlocal')
-  config_lib.validate(best_local)
+  validation.validate(best_local)
   assert best_local.model.attention_kw.to_dict() == (
       best.model.attention_kw.to_dict())
 

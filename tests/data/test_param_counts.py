@@ -11,7 +11,7 @@ import pytest
 
 from lra_msmra import data as data_lib
 from lra_msmra import models
-from lra_msmra import train
+from lra_msmra import steps
 from tests.data.helpers import task_config
 
 # docs/protocol.md §11, Xiong et al. softmax models, and their vocabulary sizes.
@@ -24,7 +24,7 @@ LRA = {'text': 3_486_722, 'retrieval': 1_087_618, 'image': 248_458,
 
 def _count(config):
   spec = data_lib.get_model_spec(config)
-  state = train.abstract_train_state(config, spec)
+  state = steps.abstract_train_state(config, spec)
   return models.count_params(state.params), spec
 
 
