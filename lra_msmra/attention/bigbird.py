@@ -89,7 +89,7 @@ class BigBirdAttention(base.Attention):
   random_limit: Optional[int] = DEFAULT_RANDOM_LIMIT
   seed: int = 0
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     if self.block_size < 1:
       raise ValueError(f'block_size={self.block_size} must be >= 1.')
     if self.num_random_blocks < 0:
@@ -109,21 +109,19 @@ class BigBirdAttention(base.Attention):
     return layer_seed(tuple(self.scope.path), self.seed)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies the attention.
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]
     b = self.block_size
@@ -181,6 +179,4 @@ class BigBirdAttention(base.Attention):
                              out_global[:, :, b:]], axis=2)
 
     out = block_sparse.positions_major(out)[:, :length]
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)
+    return self.output_projection(out_features)(out)

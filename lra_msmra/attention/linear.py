@@ -123,8 +123,8 @@ class LinearAttention(base.Attention):
   """
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies linear attention.
 
     Args:
@@ -133,10 +133,11 @@ class LinearAttention(base.Attention):
       deterministic: unused (no attention dropout, module docstring).
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
     del deterministic
-    real = base.default_padding_mask(x, padding_mask)
+    real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     x = x.astype(self.dtype)
     q = self.projection(head_dim, 'query')(x)
@@ -146,7 +147,5 @@ class LinearAttention(base.Attention):
     sums = causal_kernel_sums if self.causal else kernel_sums
     num, den = sums(phi_q, phi_k, v, real)
     out = num / (den + EPSILON)[..., None]
-    out = jnp.where(real[:, :, None, None], out, 0.0).astype(self.dtype)
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)
+    out = out.astype(self.dtype)
+    return self.output_projection(out_features)(out)

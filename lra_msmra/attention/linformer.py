@@ -68,7 +68,7 @@ class LinformerAttention(base.Attention):
                                            DEFAULT_LOW_RANK_FEATURES),
         name=name)
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     if self.low_rank_features < 1:
       raise ValueError(
           f'low_rank_features={self.low_rank_features} must be >= 1.')
@@ -81,24 +81,21 @@ class LinformerAttention(base.Attention):
           'causal masks). Use a mechanism with a causal form.')
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True,
-               shared: Optional[Array] = None) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array, deterministic: bool,
+             shared: Optional[Array] = None) -> Array:
     """Applies the attention.
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables attention dropout.
       shared: E `[max_len, k]` from the model-level module
         (`share_layers=True` only).
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]
     x = x.astype(self.dtype)
@@ -138,6 +135,4 @@ class LinformerAttention(base.Attention):
     probs = jax.nn.softmax(logits, axis=-1)
     probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
     out = jnp.einsum('bhqr,brhd->bqhd', probs, v_bar)
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)
+    return self.output_projection(out_features)(out)

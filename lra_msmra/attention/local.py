@@ -15,8 +15,6 @@ settings.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -49,28 +47,26 @@ class LocalAttention(base.Attention):
   block_size: int = DEFAULT_BLOCK_SIZE
   grouping: str = 'contiguous'
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     if self.block_size < 1:
       raise ValueError(f'block_size={self.block_size} must be >= 1.')
     if self.grouping not in GROUPINGS:
       raise ValueError(f'grouping={self.grouping!r}; valid: {GROUPINGS}.')
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies the attention.
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     batch, length = x.shape[:2]
     block = self.block_size
@@ -110,6 +106,4 @@ class LocalAttention(base.Attention):
       out = jnp.swapaxes(out, 2, 3)
     out = out.reshape(batch, self.num_heads, n, head_dim)
     out = block_sparse.positions_major(out)[:, :length]
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)
+    return self.output_projection(out_features)(out)

@@ -14,8 +14,6 @@ LRA settings.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -51,7 +49,7 @@ class LongformerAttention(base.Attention):
   num_global_tokens: int = 0
   global_projections: bool = True
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     if self.window_size < 1:
       raise ValueError(f'window_size={self.window_size} must be >= 1.')
     if self.num_global_tokens < 0:
@@ -59,21 +57,19 @@ class LongformerAttention(base.Attention):
           f'num_global_tokens={self.num_global_tokens} must be >= 0.')
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies the attention.
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     batch, length = x.shape[:2]
     left, right = window_sides(self.window_size)
@@ -138,6 +134,4 @@ class LongformerAttention(base.Attention):
       out = jnp.concatenate([out_g[:, :, 0], out[:, :, g:]], axis=2)
 
     out = block_sparse.positions_major(out)[:, :length]
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)
+    return self.output_projection(out_features)(out)

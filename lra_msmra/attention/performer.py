@@ -138,7 +138,7 @@ class PerformerAttention(base.Attention):
   normalize_data: Optional[bool] = None
   feature_seed: int = 0
 
-  def __post_init__(self):
+  def check_knobs(self) -> None:
     if self.kernel not in KERNELS:
       raise ValueError(f'Unknown Performer kernel {self.kernel!r}; valid: '
                        f'{KERNELS}.')
@@ -156,7 +156,6 @@ class PerformerAttention(base.Attention):
                        'positive int.')
     if self.ortho_scaling not in (0, 1):
       raise ValueError(f'ortho_scaling={self.ortho_scaling!r} must be 0 or 1.')
-    super().__post_init__()
 
   def feature_type(self) -> str:
     if self.features is not None:
@@ -169,8 +168,8 @@ class PerformerAttention(base.Attention):
                              self.feature_type(), self.ortho_scaling)
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies Performer attention.
 
     Args:
@@ -179,10 +178,11 @@ class PerformerAttention(base.Attention):
       deterministic: unused (no attention dropout; W is fixed).
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
     del deterministic
-    real = base.default_padding_mask(x, padding_mask)
+    real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     x = x.astype(self.dtype)
     q = self.projection(head_dim, 'query')(x).astype(jnp.float32)
@@ -209,9 +209,7 @@ class PerformerAttention(base.Attention):
       num, den = linear.kernel_sums(phi_q, phi_k, v, real)
     eps = DENOMINATOR_EPSILON[self.kernel]
     den = den + 2 * eps * (jnp.abs(den) <= eps)
-    ok = real[:, :, None] & (den != 0)
+    ok = den != 0
     out = jnp.where(ok[..., None], num / jnp.where(ok, den, 1.0)[..., None],
                     0.0)
-    y = self.output_projection(out_features)(out.astype(self.dtype))
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)
+    return self.output_projection(out_features)(out.astype(self.dtype))

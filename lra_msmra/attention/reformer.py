@@ -110,7 +110,7 @@ class ReformerAttention(base.Attention):
   mask_self: bool = False
   hash_seed: int = 0
 
-  def __post_init__(self):
+  def check_knobs(self) -> None:
     if self.causal:
       raise NotImplementedError(
           'Reformer has no exact causal form: LSH sorting makes the keys '
@@ -127,7 +127,6 @@ class ReformerAttention(base.Attention):
         not isinstance(self.chunk_length, int) or self.chunk_length < 1):
       raise ValueError(f'Reformer chunk_length={self.chunk_length!r} must be '
                        'a positive int or None.')
-    super().__post_init__()
 
   def layout(self, length: int) -> tuple[int, int]:
     """(padded length, chunk length) for an input of `length`."""
@@ -138,8 +137,8 @@ class ReformerAttention(base.Attention):
     return padded, self.chunk_length
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies LSH attention.
 
     Args:
@@ -148,9 +147,10 @@ class ReformerAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    real = base.default_padding_mask(x, padding_mask)
+    real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]
     x = x.astype(self.dtype)
@@ -203,7 +203,5 @@ class ReformerAttention(base.Attention):
     lse = jnp.take_along_axis(lse, undo, axis=3)
     weights = base.safe_softmax(lse, jnp.isfinite(lse), axis=2)
     out = jnp.einsum('bhrn,bhrnd->bnhd', weights, out)[:, :length]
-    out = jnp.where(real[:, :, None, None], out, 0.0).astype(self.dtype)
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)
+    out = out.astype(self.dtype)
+    return self.output_projection(out_features)(out)

@@ -75,7 +75,7 @@ class SinkhornAttention(base.Attention):
   sinkhorn_iterations: int = 1
   temperature: float = 1.0
 
-  def __post_init__(self):
+  def check_knobs(self) -> None:
     if self.sort_activation not in SORT_ACTIVATIONS:
       raise ValueError(f'Unknown sort_activation {self.sort_activation!r}; '
                        f'valid: {SORT_ACTIVATIONS}.')
@@ -95,11 +95,10 @@ class SinkhornAttention(base.Attention):
                        'positive int or None.')
     if not self.temperature > 0:
       raise ValueError(f'temperature={self.temperature!r} must be > 0.')
-    super().__post_init__()
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies Sinkhorn attention.
 
     Args:
@@ -108,9 +107,10 @@ class SinkhornAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    real = base.default_padding_mask(x, padding_mask)
+    real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]
     x = x.astype(self.dtype)
@@ -181,7 +181,5 @@ class SinkhornAttention(base.Attention):
     out = (jnp.einsum('bhiqs,bishd->biqhd', local, vb)
            + jnp.einsum('bhiqs,bishd->biqhd', sorted_w, sv))
     out = out.reshape(batch, padded, self.num_heads, head_dim)[:, :length]
-    out = jnp.where(real[:, :, None, None], out, 0).astype(self.dtype)
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)
+    out = out.astype(self.dtype)
+    return self.output_projection(out_features)(out)

@@ -14,8 +14,6 @@ settings.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -54,7 +52,7 @@ class SparseAttention(base.Attention):
   pattern_causal: bool = True
   num_prefix_tokens: int = 0
 
-  def _check_knobs(self) -> None:
+  def check_knobs(self) -> None:
     if self.block_size < 1:
       raise ValueError(f'block_size={self.block_size} must be >= 1.')
     if not 0 <= self.summary_size <= self.block_size:
@@ -65,21 +63,19 @@ class SparseAttention(base.Attention):
           f'num_prefix_tokens={self.num_prefix_tokens} must be >= 0.')
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies the attention.
 
     Args:
       x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token; None = all
-        real.
+      padding_mask: bool `[batch, length]`, True = real token.
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    self._check_knobs()
-    padding_mask = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
     batch, length = x.shape[:2]
     l = self.block_size
@@ -138,6 +134,4 @@ class SparseAttention(base.Attention):
 
     out = jnp.concatenate(outputs, axis=2) if len(outputs) > 1 else outputs[0]
     out = block_sparse.positions_major(out)[:, :length]
-    y = self.output_projection(out_features)(out)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(padding_mask[..., None], y, 0).astype(y.dtype)
+    return self.output_projection(out_features)(out)

@@ -55,7 +55,7 @@ class SynthesizerAttention(base.Attention):
   factorized_k: int = 32
   max_length: Optional[int] = None
 
-  def __post_init__(self):
+  def check_knobs(self) -> None:
     parts_of(self.synthesizer_mode)
     if not isinstance(self.factorized_k, int) or self.factorized_k < 1:
       raise ValueError(f'factorized_k={self.factorized_k!r} must be a '
@@ -64,7 +64,6 @@ class SynthesizerAttention(base.Attention):
                                         or self.max_length < 1):
       raise ValueError(f'max_length={self.max_length!r} must be a positive '
                        'int or None (the length at initialisation).')
-    super().__post_init__()
 
   def _table(self, name: str, shape_of, length: int, axis: int) -> Array:
     """A parameter whose `axis` is the table size L (stored size if any)."""
@@ -79,8 +78,8 @@ class SynthesizerAttention(base.Attention):
     return self.param(name, self.kernel_init, shape_of(size))
 
   @nn.compact
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def attend(self, x: Array, *, padding_mask: Array,
+             deterministic: bool) -> Array:
     """Applies Synthesizer attention.
 
     Args:
@@ -89,9 +88,10 @@ class SynthesizerAttention(base.Attention):
       deterministic: disables attention dropout.
 
     Returns:
-      `[batch, length, out_features]`, zero at padded positions.
+      `[batch, length, out_features]`; `Attention.__call__` zeroes
+      the padded rows.
     """
-    real = base.default_padding_mask(x, padding_mask)
+    real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     n = x.shape[1]
     heads = self.num_heads
@@ -131,7 +131,5 @@ class SynthesizerAttention(base.Attention):
     probs = base.safe_softmax(logits, valid)
     probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
     y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
-    y = jnp.where(real[:, :, None, None], y, 0).astype(self.dtype)
-    y = self.output_projection(out_features)(y)
-    # Padded query rows are exactly zero after the projection's bias too.
-    return jnp.where(real[:, :, None], y, 0).astype(y.dtype)
+    y = y.astype(self.dtype)
+    return self.output_projection(out_features)(y)
