@@ -11,9 +11,10 @@ Transformer's sizes the parameter count is the Transformer's.
 Options: those of the task's base.py.
 
   (none)    the official LRA config for the model: the Transformer's with
-            the attention swapped, plus the changes of the official
-            `linear_transformer_base.py` of the task where it has one
-            (configs/common/lra_model.py).
+            the attention swapped, plus the settings of the official
+            `linear_transformer_base.py` of the task where it has one, as
+            far as the parameter rule allows (configs/common/
+            lra_models.py).
   xiong     the Xiong et al. protocol with the attention swapped (their
             PyTorch code has a "linear" entry; its numbers are not in their
             table). The AdaMRA paper re-ran it under this protocol.
@@ -29,7 +30,7 @@ import ml_collections
 
 from lra_msmra import config_lib
 
-lra_model = config_lib.load_sibling(__file__, 'lra_model')
+lra_models = config_lib.load_sibling(__file__, 'lra_models')
 
 
 def task_config(base: ModuleType, arg: str | None, **per_model: object
@@ -39,8 +40,10 @@ def task_config(base: ModuleType, arg: str | None, **per_model: object
   Args:
     base: the task's base.py module.
     arg: its options, comma-separated.
-    **per_model: the official per-model file's changes (`lra_model.apply`).
+    **per_model: the official per-model file's settings that the parameter
+      rule keeps (`lra_models.official`).
   """
+  opts = config_lib.parse_arg(arg, base.OPTIONS)
   config = base.get_config(arg)
   config.model.attention = 'linear'
-  return lra_model.apply(config, arg, **per_model)
+  return lra_models.official(config, opts, **per_model)

@@ -15,8 +15,8 @@ Options: those of the task's base.py.
             the raw queries and keys (no random features:
             `KERNEL_LRA_DEFAULT`); ListOps' official performer_base.py
             asks for FAVOR+ with 2 orthogonal features instead. Plus the
-            official per-model file's size changes (configs/common/
-            lra_model.py).
+            official per-model file's settings, as far as the parameter
+            rule allows (configs/common/lra_models.py).
   xiong     the Xiong et al. protocol with their Performer, "r = 256"
             (`KERNEL_XIONG`). Their code calls performer_pytorch's
             FastAttention with 256 features and kernel_fn=ReLU but without
@@ -37,7 +37,7 @@ import ml_collections
 
 from lra_msmra import config_lib
 
-lra_model = config_lib.load_sibling(__file__, 'lra_model')
+lra_models = config_lib.load_sibling(__file__, 'lra_models')
 
 # The official encoder's default: generalized attention, ReLU, no features.
 KERNEL_LRA_DEFAULT = {'kernel': 'relu'}
@@ -54,10 +54,12 @@ def task_config(base: ModuleType, arg: str | None,
     base: the task's base.py module.
     arg: its options, comma-separated.
     lra_kernel: the knobs under the LRA protocol (and its runlocal).
-    **per_model: the official per-model file's changes (`lra_model.apply`).
+    **per_model: the official per-model file's settings that the parameter
+      rule keeps (`lra_models.official`).
   """
+  opts = config_lib.parse_arg(arg, base.OPTIONS)
   config = base.get_config(arg)
   config.model.attention = 'performer'
   kernel = lra_kernel if config.protocol == 'lra' else KERNEL_XIONG
   config.model.attention_kw = ml_collections.ConfigDict(dict(kernel))
-  return lra_model.apply(config, arg, **per_model)
+  return lra_models.official(config, opts, **per_model)

@@ -13,8 +13,8 @@ Options: those of the task's base.py.
   (none)    the official LRA config: 1 hash round, 10 buckets, chunks of a
             tenth of the (padded) length, each attending to itself and the
             chunk before (the official layer's defaults, `LRA_KNOBS`), plus
-            the official per-model file's size changes (configs/common/
-            lra_model.py).
+            the official per-model file's settings, as far as the parameter
+            rule allows (configs/common/lra_models.py).
   xiong     Xiong et al.'s "Reformer (2 hashes)": HuggingFace's
             LSHSelfAttention with its defaults, i.e. chunks of 64, one chunk
             before, 2 * N / 64 buckets for their padded length N,
@@ -31,7 +31,7 @@ import ml_collections
 
 from lra_msmra import config_lib
 
-lra_model = config_lib.load_sibling(__file__, 'lra_model')
+lra_models = config_lib.load_sibling(__file__, 'lra_models')
 
 # The official LRA layer's defaults (n_hashes=1, n_buckets=10).
 LRA_KNOBS = {'num_hashes': 1, 'num_buckets': 10}
@@ -51,8 +51,10 @@ def task_config(base: ModuleType, arg: str | None, **per_model: object
   Args:
     base: the task's base.py module.
     arg: its options, comma-separated.
-    **per_model: the official per-model file's changes (`lra_model.apply`).
+    **per_model: the official per-model file's settings that the parameter
+      rule keeps (`lra_models.official`).
   """
+  opts = config_lib.parse_arg(arg, base.OPTIONS)
   config = base.get_config(arg)
   config.model.attention = 'reformer'
   if config.protocol == 'xiong':
@@ -60,4 +62,4 @@ def task_config(base: ModuleType, arg: str | None, **per_model: object
   else:
     knobs = LRA_KNOBS
   config.model.attention_kw = ml_collections.ConfigDict(dict(knobs))
-  return lra_model.apply(config, arg, **per_model)
+  return lra_models.official(config, opts, **per_model)

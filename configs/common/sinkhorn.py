@@ -12,8 +12,9 @@ length).
 Options: those of the task's base.py.
 
   (none)    the official LRA config: the Transformer's with the attention
-            swapped, plus the official per-model file's changes
-            (configs/common/lra_model.py).
+            swapped, plus the official per-model file's settings, as
+            far as the parameter rule allows (configs/common/
+            lra_models.py).
   xiong     the Xiong et al. protocol with the same attention (no published
             Sinkhorn number under it).
   cst       the CST paper's protocol with the same attention.
@@ -28,7 +29,7 @@ import ml_collections
 
 from lra_msmra import config_lib
 
-lra_model = config_lib.load_sibling(__file__, 'lra_model')
+lra_models = config_lib.load_sibling(__file__, 'lra_models')
 
 # The official layer's default block size.
 BLOCK_SIZE = 50
@@ -44,10 +45,13 @@ def task_config(base: ModuleType, arg: str | None, *,
     arg: its options, comma-separated.
     block_size: tokens per block.
     weight_decay: the official per-model file's weight decay, if any.
-    **per_model: the official per-model file's changes (`lra_model.apply`).
+    **per_model: the official per-model file's settings that the parameter
+      rule keeps (`lra_models.official`).
   """
+  opts = config_lib.parse_arg(arg, base.OPTIONS)
   config = base.get_config(arg)
   config.model.attention = 'sinkhorn'
   config.model.attention_kw = ml_collections.ConfigDict(
       {'block_size': block_size})
-  return lra_model.apply(config, arg, weight_decay=weight_decay, **per_model)
+  return lra_models.official(config, opts, weight_decay=weight_decay,
+                             **per_model)
