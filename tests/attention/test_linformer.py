@@ -106,12 +106,11 @@ def test_layerwise_sharing_is_one_model_level_e():
   h = standalone.StandaloneAttention(mechanism='linformer', kw=kw,
                                      num_heads=HEADS, qkv_features=FEATURES,
                                      max_len=16)
-  variables = h.init(jax.random.PRNGKey(0), jnp.asarray(x),
-                     padding_mask=mask)
+  variables = {'params': ref.params(h, x, mask)}
   e = variables['params']['attention_shared']['low_rank_kernel']
   assert e.shape == (16, 3)
   assert 'low_rank_kernel' not in variables['params']['attention']
-  y = np.asarray(h.apply(variables, jnp.asarray(x), padding_mask=mask))
+  y = ref.apply(h, variables, x, mask)
   expected = dense_linformer({'params': variables['params']['attention']}, x,
                              mask, kernel=e)
   np.testing.assert_allclose(y, expected, rtol=2e-4, atol=2e-5)
@@ -121,7 +120,9 @@ def test_layerwise_sharing_is_one_model_level_e():
                            qkv_dim=FEATURES, mlp_dim=16,
                            attention='linformer', attention_kw=kw)
   ids = jnp.ones((2, n), jnp.int32)
-  params = encoder.init(jax.random.PRNGKey(0), ids, deterministic=True)
+  params = jax.eval_shape(
+      lambda key: encoder.init(key, ids, deterministic=True),
+      jax.random.PRNGKey(0))
   leaves = [jax.tree_util.keystr(path) for path, _ in
             jax.tree_util.tree_leaves_with_path(params)
             if 'low_rank_kernel' in jax.tree_util.keystr(path)]

@@ -139,8 +139,8 @@ def test_global_token_reaches_every_query():
 
 def test_no_global_parameters_without_global_tokens():
   x, mask = ref.inputs(8, FEATURES)
-  params = LongformerAttention(num_heads=HEADS, window_size=4).init(
-      jax.random.PRNGKey(0), jnp.asarray(x), padding_mask=mask)['params']
+  params = ref.params(LongformerAttention(num_heads=HEADS, window_size=4), x,
+                      mask)
   assert sorted(params) == ['key', 'out', 'query', 'value']
 
 

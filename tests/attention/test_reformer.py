@@ -223,10 +223,8 @@ def test_hashing_is_fixed_by_the_seed():
   np.testing.assert_array_equal(y, np.asarray(_apply(layer, variables, x,
                                                      mask)))
   # Evaluation is deterministic and training hashes the same way.
-  y_train = np.asarray(layer.apply(variables, jnp.asarray(x),
-                                   padding_mask=jnp.asarray(mask),
-                                   deterministic=False,
-                                   rngs={'dropout': jax.random.PRNGKey(3)}))
+  y_train = np.asarray(_apply(layer, variables, x, mask, deterministic=False,
+                              rngs={'dropout': jax.random.PRNGKey(3)}))
   np.testing.assert_allclose(y_train, y, rtol=1e-5, atol=1e-6)
   other = ReformerAttention(num_heads=HEADS, num_buckets=8, hash_seed=1)
   assert np.abs(np.asarray(_apply(other, variables, x, mask)) - y).max() > 1e-3
