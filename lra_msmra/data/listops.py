@@ -15,9 +15,14 @@ padding and 16 is the out-of-vocabulary id LRA's encoder reserves, giving LRA's
 vocabulary size of 17; our reader rejects unknown tokens instead of mapping
 them there. Sequences are zero-padded to `max_length` (2000).
 
-Command line (writes the three files)::
+Surface baselines (`surface_baselines`): lookup tables fitted on the train
+split that read only the root operator (and the digits directly under it).
+They say how much accuracy needs no evaluation of the expression at all.
+
+Command lines::
 
   python -m lra_msmra.data.listops --output_dir DIR [--num_train 96000 ...]
+  python -m lra_msmra.data.listops --baselines DIR
 """
 
 from __future__ import annotations
@@ -444,10 +449,117 @@ def _release_dir(data_dir: str, task_name: str) -> str:
   return data_dir
 
 
+# ------------------------------------------------------- surface baselines
+
+
+def root_features(tokens: list[str]) -> dict[str, Any]:
+  """What an expression shows without being evaluated.
+
+  `tokens` are the reader's tokens (`tokenize`). Returns the root operator
+  (None for a bare digit) and the digits that are direct arguments of the
+  root (not inside a sub-expression).
+  """
+  if not tokens or tokens[0] not in OPERATORS:
+    return {'root': None, 'direct_digits': [int(t) for t in tokens[:1]]}
+  depth, digits = 0, []
+  for token in tokens[1:]:
+    if token in OPERATORS:
+      depth += 1
+    elif token == 'X':
+      depth -= 1
+    elif depth == 0:
+      digits.append(int(token))
+  return {'root': tokens[0], 'direct_digits': digits}
+
+
+def _root_key(f: dict[str, Any]) -> Any:
+  return f['root']
+
+
+def _root_extremes_key(f: dict[str, Any]) -> Any:
+  d = f['direct_digits']
+  return (f['root'], min(d) if d else None, max(d) if d else None)
+
+
+BASELINES = {
+    'most frequent train label': lambda f: None,
+    'root operator': _root_key,
+    'root operator, min and max of its direct digits': _root_extremes_key,
+}
+
+
+def surface_baselines(splits: dict[str, list[tuple[list[str], int]]]
+                      ) -> dict[str, dict[str, float]]:
+  """Accuracy of lookup-table classifiers that never evaluate an expression.
+
+  Each baseline maps a key of the expression (`BASELINES`: nothing, the
+  root operator, the root operator with the smallest and largest digit
+  directly under it) to the most frequent label of that key on
+  `splits['train']` (ties: the smaller label; unseen keys: the train
+  majority class), and is scored on every split.
+
+  Args:
+    splits: split name -> [(tokens, label)], with a 'train' split.
+
+  Returns:
+    baseline name -> split name -> accuracy.
+  """
+  if not splits.get('train'):
+    raise ValueError('surface_baselines needs a non-empty train split.')
+  features = {name: [(root_features(t), y) for t, y in rows]
+              for name, rows in splits.items()}
+
+  def best(counts):
+    return min(counts, key=lambda y: (-counts[y], y))
+
+  out = {}
+  for name, key in BASELINES.items():
+    tables, overall = {}, {}
+    for f, y in features['train']:
+      table = tables.setdefault(key(f), {})
+      table[y] = table.get(y, 0) + 1
+      overall[y] = overall.get(y, 0) + 1
+    fallback = best(overall)
+    predict = {k: best(v) for k, v in tables.items()}
+    out[name] = {
+        split: sum(predict.get(key(f), fallback) == y for f, y in rows) /
+        len(rows) for split, rows in features.items()}
+  return out
+
+
+def read_tokens(path: str) -> list[tuple[list[str], int]]:
+  """One split's (tokens, label) pairs, checked as `read_tsv` checks them."""
+  ids, labels = read_tsv(path, max_length=sys.maxsize)
+  return [([SYMBOLS[i - 1] for i in row], int(y))
+          for row, y in zip(ids, labels)]
+
+
+def print_baselines(data_dir: str, task_name: str = 'basic') -> None:
+  if not os.path.isdir(data_dir):
+    raise SystemExit(f'error: --baselines {data_dir}: not a directory; give '
+                     f'the folder holding {task_name}_{{train,val,test}}.tsv.')
+  folder = _release_dir(data_dir, task_name)
+  splits = {s: read_tokens(split_path(folder, task_name, s)) for s in SPLITS}
+  table = surface_baselines(splits)
+  print(f'ListOps surface baselines, {folder} '
+        f'({", ".join(f"{s} {len(r):,}" for s, r in splits.items())}); '
+        'accuracy in %, tables fitted on train:\n')
+  print('| baseline | ' + ' | '.join(SPLITS) + ' |')
+  print('|---|' + '---|' * len(SPLITS))
+  for name, accs in table.items():
+    print(f'| {name} | ' +
+          ' | '.join(f'{100 * accs[s]:.2f}' for s in SPLITS) + ' |')
+
+
 def main(argv: list[str]) -> None:
   import argparse  # pylint: disable=g-import-not-at-top
-  p = argparse.ArgumentParser(description='Generate ListOps TSVs as LRA does.')
-  p.add_argument('--output_dir', required=True)
+  p = argparse.ArgumentParser(
+      description='Generate ListOps TSVs as LRA does (--output_dir), or '
+      'print the surface baselines of a ListOps folder (--baselines).')
+  mode = p.add_mutually_exclusive_group(required=True)
+  mode.add_argument('--output_dir', help='folder to write the three TSVs to')
+  mode.add_argument('--baselines', metavar='DATA_DIR',
+                    help='folder with {task_name}_{train,val,test}.tsv')
   p.add_argument('--task_name', default='basic')
   p.add_argument('--num_train', type=int, default=96000)
   p.add_argument('--num_valid', type=int, default=2000)
@@ -458,6 +570,16 @@ def main(argv: list[str]) -> None:
   p.add_argument('--max_args', type=int, default=10)
   p.add_argument('--seed', type=int, default=0)
   args = vars(p.parse_args(argv))
+  if args['baselines']:
+    defaults = {k: p.get_default(k) for k in args}
+    changed = sorted(k for k in args if args[k] != defaults[k] and
+                     k not in ('baselines', 'output_dir', 'task_name'))
+    if changed:
+      p.error(f'--baselines reads existing files; generator flags '
+              f'{["--" + k for k in changed]} do not apply to it.')
+    print_baselines(args['baselines'], args['task_name'])
+    return
+  args.pop('baselines')
   paths = generate_dataset(args.pop('output_dir'), **args)
   for split, path in paths.items():
     print(f'{split}: {path}')

@@ -270,3 +270,55 @@ def test_too_long_line_says_what_to_do(tmp_path):
   with pytest.raises(ValueError, match=r'basic_val.tsv:2: .* '
                      r'--config.data.max_length=2000'):
     listops.read_tsv(path, max_length=40)
+
+
+# ------------------------------------------------------- surface baselines
+
+
+def test_root_features_read_the_root_operator_and_its_direct_digits():
+  tokens = listops.tokenize(
+      '( ( ( [MAX 2 ) ( ( [MIN 9 ) 0 ) ] ) ) 7 ) ]')
+  assert listops.root_features(tokens) == {'root': '[MAX',
+                                           'direct_digits': [2, 7]}
+  assert listops.root_features(['4']) == {'root': None,
+                                          'direct_digits': [4]}
+
+
+def _rows(*pairs):
+  return [(listops.tokenize(src), label) for src, label in pairs]
+
+
+def test_surface_baselines_fit_on_train_and_score_every_split():
+  train = _rows(('[MAX 1 2 ]', 9), ('[MAX 3 4 ]', 9), ('[MAX 5 ]', 8),
+                ('[MIN 1 2 ]', 0), ('[MIN 3 ]', 0), ('[SM 1 2 ]', 3),
+                ('[SM 1 2 ]', 3))
+  # Train labels 9, 0 and 3 appear twice each: the tie goes to 0.
+  val = _rows(('[MAX 6 ]', 9), ('[MIN 8 9 ]', 0), ('[MED 1 ]', 1),
+              ('[SM 1 2 ]', 3))
+  acc = listops.surface_baselines({'train': train, 'val': val})
+  assert acc['most frequent train label'] == {'train': 2 / 7, 'val': 1 / 4}
+  # Root operator: MAX -> 9, MIN -> 0, SM -> 3; MED unseen -> 0.
+  assert acc['root operator']['val'] == 3 / 4
+  assert acc['root operator']['train'] == 6 / 7
+  # With the extremes of the direct digits every train key is pure; val's
+  # keys (MAX,6,6), (MIN,8,9) and (MED,1,1) are unseen (-> 0).
+  extremes = acc['root operator, min and max of its direct digits']
+  assert extremes['train'] == 1.0 and extremes['val'] == 2 / 4
+
+
+def test_surface_baselines_need_a_train_split():
+  with pytest.raises(ValueError, match='train split'):
+    listops.surface_baselines({'val': _rows(('[MAX 1 ]', 1))})
+
+
+def test_baselines_command_prints_the_table(tmp_path, capsys):
+  listops.generate_dataset(str(tmp_path), num_train=40, num_valid=10,
+                           num_test=10, min_length=5, max_length=40,
+                           max_depth=3, max_args=4, seed=0)
+  listops.main(['--baselines', str(tmp_path)])
+  out = capsys.readouterr().out.splitlines()
+  assert out[2:4] == ['| baseline | train | val | test |', '|---|---|---|---|']
+  assert [line.split(' | ')[0] for line in out[4:]] == [
+      f'| {name}' for name in listops.BASELINES]
+  with pytest.raises(SystemExit):
+    listops.main(['--baselines', str(tmp_path), '--seed', '3'])
