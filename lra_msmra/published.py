@@ -179,13 +179,13 @@ def rows_for_protocol(protocol: str) -> list[Row]:
 def reference_rows(protocol: str, mechanisms: set[str]) -> list[Row]:
   """Rows to print beside our runs of `protocol`.
 
-  The protocol's baseline table (LRA leaderboard, Xiong et al., or the CST
-  paper's own Transformer) plus every paper row of a mechanism we ran under
-  that protocol.
+  The protocol's whole baseline table (LRA leaderboard, Xiong et al., or
+  the CST paper's own Transformer), whether or not we ran its models, plus
+  every paper row of a mechanism we ran under that protocol.
   """
   base = {'lra': LRA_LEADERBOARD, 'xiong': XIONG,
           'cst': CST_PAPER}.get(protocol, ())
-  rows = [r for r in base if r.mechanism in (None, 'softmax')]
+  rows = list(base)
   ours = [r for r in rows_for_protocol(protocol)
           if r.mechanism in mechanisms - {'softmax'}]
   # With a paper's mechanism rows comes that paper's own baseline.
