@@ -1,9 +1,10 @@
 """One trainer for every task and mechanism: `train_and_evaluate(config, workdir)`.
 
-Order of operations: validate the config, build the mesh, load the task data,
-build the model and optimizer, `jax.eval_shape` the train state, derive its
-shardings, restore the newest readable checkpoint or initialise under `jit`
-with those shardings, then run `jit(train_step, donate_argnums=0)`. The train
+Order of operations: validate the config and `jax.eval_shape` the train state
+from it (`validation.trace`, the model's one trace before compilation), build
+the mesh, load the task data, build the model and optimizer, derive the
+state's shardings, restore the newest readable checkpoint or initialise
+under `jit` with those shardings, then run `jit(train_step, donate_argnums=0)`. The train
 state and the step functions are `lra_msmra.steps`.
 
 Loop semantics (compare docs/protocol.md §4.3):
@@ -344,7 +345,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   start_time = time.time()
   with errors.input_errors():
-    validation.validate(config)
+    # The one trace of the model: checks every knob against the task's
+    # length and gives the train state's shapes, before any data is read.
+    spec, abstract = validation.trace(config)
     # Fails here, before anything runs, if the config names no data source.
     data_lib.data_source(config)
   cpu_rng.use_unrolled_threefry()  # Same dropout masks, drawn faster on CPU.
@@ -352,15 +355,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   os.makedirs(workdir, exist_ok=True)
   lock = _lock_workdir(workdir)
   try:
-    return _train_and_evaluate(config, workdir, launch, start_time)
+    return _train_and_evaluate(config, workdir, launch, start_time, spec,
+                               abstract)
   finally:
     lock.release()
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         launch: Optional[Mapping[str, Any]],
-                        start_time: float) -> dict[str, Any]:
-  """`train_and_evaluate` once the config is valid and the workdir locked."""
+                        start_time: float, spec: dict[str, Any],
+                        abstract: Any) -> dict[str, Any]:
+  """`train_and_evaluate` once the config is valid and the workdir locked.
+
+  `spec` and `abstract` are the model spec and abstract train state
+  `validation.trace` derived from the config alone.
+  """
   mesh = sharding.create_mesh()
   with errors.input_errors():
     sharding.check_batch_size('batch_size', config.batch_size, mesh,
@@ -373,7 +382,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   metrics_lib.log(describe_data_source(
       data_record, (data.notes or {}).get('data_dir') or
       (data.notes or {}).get('data', '')))
-  spec = model_spec(data)
+  if model_spec(data) != spec:
+    raise RuntimeError(
+        f'The {config.task} data gives the model spec {model_spec(data)}, '
+        f'but the config alone gives {spec}: the task module\'s '
+        '`get_model_spec` and `get_datasets` disagree (a bug; please report '
+        'it with the config).')
   model, tx, schedule = steps_lib.build(config, spec)
   checkpoint_lib.write_json(os.path.join(workdir, checkpoint_lib.CONFIG_FILE),
                             json.loads(config.to_json()))
@@ -382,7 +396,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   init_fn = functools.partial(steps_lib.create_train_state, model=model,
                               tx=tx, batch=steps_lib.example_batch(spec))
-  abstract = jax.eval_shape(init_fn, jax.random.PRNGKey(config.seed))
   state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract)
   abstract = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

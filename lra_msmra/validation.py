@@ -4,17 +4,20 @@ Each section has its owner: `config_lib.check` (the keys of the config and
 its top-level values), `models.check_config` (config.model and, through the
 attention's `check_knobs` hook, config.model.attention_kw),
 `optim.check_config` (config.optimizer and config.schedule) and the task's
-data module (config.data, through its model spec). `validate` runs them in
-that order and then traces one layer of the model at the task's input length
-with `jax.eval_shape` (nothing computed or allocated), so that what a
-mechanism can only check against the length (a length that is not a multiple
-of its block, a causal mode it refuses with these knobs) fails here, before
-the data is loaded, with a message naming the key to change.
+data module (config.data, through its model spec). `trace` runs them in that
+order and then traces the initialisation of the whole train state (model and
+optimizer) at the task's input length with `jax.eval_shape` (nothing
+computed or allocated), so that what a mechanism can only check against the
+length (a length that is not a multiple of its block, a causal mode it
+refuses with these knobs) fails here, before the data is loaded, with a
+message naming the key to change. The trainer keeps the traced shapes: the
+model is traced once per run before its step functions are compiled.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import functools
+from typing import Any
 
 import jax
 import ml_collections
@@ -23,6 +26,7 @@ from lra_msmra import config_lib
 from lra_msmra import data as data_lib
 from lra_msmra import models
 from lra_msmra import optim
+from lra_msmra import steps
 
 
 def validate(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -30,6 +34,21 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
   Raises:
     ValueError: naming the config key and the fix.
+  """
+  return trace(config)[0]
+
+
+def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
+  """Checks `config`; returns the model spec and the abstract train state.
+
+  The abstract train state (`steps.TrainState` of `jax.ShapeDtypeStruct`s)
+  is what `steps.create_train_state` would build for this config, without
+  computing or allocating anything.
+
+  Raises:
+    ValueError: naming the config key and the fix.
+    NotImplementedError: for a combination a mechanism refuses
+      (`models.unsupported`).
   """
   config_lib.check(config)
   models.check_config(config.model)
@@ -41,31 +60,12 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, Any]:
         f'config.data of task {config.task!r} gives an input length of '
         f"{spec['max_len']!r}; set config.data.max_length (or the task's "
         'length key) to a positive integer.')
-  _trace_one_layer(config, spec)
-  return spec
-
-
-def _trace_one_layer(config: ml_collections.ConfigDict,
-                     spec: Mapping[str, Any]) -> None:
-  """Traces a one-layer copy of the model at the task's input length.
-
-  Every layer is built from the same fields, so one layer reaches every
-  check a mechanism makes at call time.
-  """
-  model_cfg = config.model.to_dict()
-  model_cfg['num_layers'] = 1
-  model = models.create_model(model_cfg, **spec)
-  batch = {'inputs': jax.ShapeDtypeStruct((1, spec['max_len']), 'int32')}
-  if spec['dual']:
-    batch['inputs2'] = batch['inputs']
-
-  def init(b):
-    rngs = {'params': jax.random.PRNGKey(0), 'dropout': jax.random.PRNGKey(1)}
-    return model.init(rngs, b, deterministic=False)
-
+  model, tx, _ = steps.build(config, spec)
+  init = functools.partial(steps.create_train_state, model=model, tx=tx,
+                           batch=steps.example_batch(spec))
   m = config.model
   try:
-    jax.eval_shape(init, batch)
+    abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
   except NotImplementedError as e:
     raise models.unsupported(m, e) from e
   except (ValueError, TypeError) as e:
@@ -75,3 +75,4 @@ def _trace_one_layer(config: ml_collections.ConfigDict,
         f"{config.task!r} at input length {spec['max_len']}: {e} Fix the "
         'knob it names in config.model.attention_kw or config.model, or the '
         'input length in config.data.') from e
+  return spec, abstract

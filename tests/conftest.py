@@ -3,12 +3,41 @@
 XLA_FLAGS must be set before jax is imported anywhere, hence here.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+# One on-disk JAX compilation cache per test session, shared by the test
+# workers and every process the tests start (they inherit the environment):
+# the command-line tests run the same small configs in many processes, and
+# each program then compiles once. The process that creates the folder (the
+# pytest process that starts the workers) removes it at exit, so every
+# session starts empty and no result depends on an earlier run.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _cache = tempfile.mkdtemp(prefix='lra_msmra_tests_jax_cache_')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_disable_most_optimizations', True)
 jax.config.update('jax_threefry_partitionable', True)
+
+
+# Workers for `-n auto` (pytest.ini): one per available core, at most 4. Each
+# worker imports JAX with 8 fake devices and some tests start subprocesses, so
+# more workers than cores only add memory.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+  del config
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:  # Not on Linux.
+    cores = os.cpu_count() or 1
+  return max(1, min(cores, MAX_WORKERS))

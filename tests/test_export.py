@@ -36,6 +36,10 @@ from lra_msmra import cpu_rng
 from lra_msmra import scaling
 from lra_msmra import sharding
 
+# One test worker runs this file, so its module-scoped fixture is built
+# once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
+pytestmark = pytest.mark.xdist_group('export')
+
 CONFIGS = scaling.config_files()
 NAMES = [scaling.config_name(p) for p in CONFIGS]
 LOWERING_TEST = 'test_train_and_eval_steps_lower_for_tpu_and_gpu'

@@ -21,6 +21,10 @@ import pytest
 import lra_msmra
 from tests import helpers
 
+# One test worker runs this file, so its module-scoped fixture is built
+# once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
+pytestmark = pytest.mark.xdist_group('processes')
+
 CONFIG = 'tests/configs/tiny_listops.py'
 
 

@@ -43,9 +43,11 @@ def run_main(config_arg, workdir, *overrides, timeout=600):
 
 @pytest.mark.parametrize('path', CONFIGS)
 def test_runlocal_beats_majority_class(path, tmp_path):
+  # One validation and one checkpoint, at the last step: the check is the
+  # test accuracy the job reports.
   proc = run_main(f'{path}:runlocal', tmp_path, '--config.num_train_steps=400',
-                  '--config.eval_every_steps=200',
-                  '--config.checkpoint_every_steps=200')
+                  '--config.eval_every_steps=400',
+                  '--config.checkpoint_every_steps=400')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'Test accuracy' in proc.stdout and 'steps/s' in proc.stdout
   results = json.load(open(tmp_path / 'results.json'))

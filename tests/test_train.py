@@ -25,6 +25,10 @@ from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
 from tests import helpers
 
+# One test worker runs this file, so its module-scoped fixture is built
+# once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
+pytestmark = pytest.mark.xdist_group('train')
+
 
 @pytest.fixture(scope='module')
 def finished_run(tmp_path_factory):

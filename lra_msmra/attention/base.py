@@ -88,7 +88,7 @@ class Attention(nn.Module):
     at its first call. It raises ValueError for a bad value and
     NotImplementedError for a combination the mechanism has no form for
     (e.g. `causal=True` without a causal form). Checks that need the input
-    length stay in the call; validation traces one layer to reach them.
+    length stay in the call; validation traces the model to reach them.
     """
 
 

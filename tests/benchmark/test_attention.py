@@ -11,6 +11,10 @@ from lra_msmra.benchmark import common
 from lra_msmra.benchmark import flops
 from tests.benchmark import run_benchmark
 
+# One test worker runs this file, so its module-scoped fixture is built
+# once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
+pytestmark = pytest.mark.xdist_group('benchmark_attention')
+
 MECHANISMS = ['softmax', 'cst:slice_length=4']
 LENGTHS = [16, 32]
 

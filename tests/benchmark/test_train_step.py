@@ -8,6 +8,10 @@ import pytest
 from lra_msmra.benchmark import train_step
 from tests.benchmark import run_benchmark
 
+# One test worker runs this file, so its module-scoped fixture is built
+# once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
+pytestmark = pytest.mark.xdist_group('benchmark_train_step')
+
 MECHANISMS = ['softmax', 'cst:slice_length=4']
 LENGTHS = [16, 32]
 
