@@ -68,28 +68,28 @@ _LRA_EXT = _LRA + ', external entry'
 
 LRA_LEADERBOARD = (
     _row('Local Attention', (15.82, 52.98, 53.39, 41.46, 66.63), 46.06,
-         _LRA, 'lra', pathx='FAIL'),
+         _LRA, 'lra', 'local', pathx='FAIL'),
     _row('Linear Transformer', (16.13, 65.90, 53.09, 42.34, 75.30), 50.55,
-         _LRA, 'lra', pathx='FAIL'),
+         _LRA, 'lra', 'linear', pathx='FAIL'),
     _row('Reformer', (37.27, 56.10, 53.40, 38.07, 68.50), 50.67, _LRA, 'lra',
-         pathx='FAIL'),
+         'reformer', pathx='FAIL'),
     _row('Sparse Transformer', (17.07, 63.58, 59.59, 44.24, 71.71), 51.24,
-         _LRA, 'lra', pathx='FAIL'),
+         _LRA, 'lra', 'sparse', pathx='FAIL'),
     _row('Sinkhorn Transformer', (33.67, 61.20, 53.83, 41.23, 67.45), 51.29,
-         _LRA, 'lra', pathx='FAIL', note='The printed average differs from the '
+         _LRA, 'lra', 'sinkhorn', pathx='FAIL', note='The printed average differs from the '
          'mean of the printed scores (51.48).'),
     _row('Linformer', (35.70, 53.94, 52.27, 38.56, 76.34), 51.36, _LRA,
-         'lra', pathx='FAIL'),
+         'lra', 'linformer', pathx='FAIL'),
     _row('Performer', (18.01, 65.40, 53.82, 42.77, 77.05), 51.41, _LRA,
-         'lra', pathx='FAIL'),
+         'lra', 'performer', pathx='FAIL'),
     _row('Synthesizer', (36.99, 61.68, 54.67, 41.61, 69.45), 52.88, _LRA,
-         'lra', pathx='FAIL'),
+         'lra', 'synthesizer', pathx='FAIL'),
     _row('Longformer', (35.63, 62.85, 56.89, 42.22, 69.71), 53.46, _LRA,
-         'lra', pathx='FAIL'),
+         'lra', 'longformer', pathx='FAIL'),
     _row('Transformer', (36.37, 64.27, 57.46, 42.44, 71.40), 54.39, _LRA,
          'lra', 'softmax', pathx='FAIL'),
     _row('BigBird', (36.05, 64.02, 59.29, 40.83, 74.87), 55.01, _LRA, 'lra',
-         pathx='FAIL'),
+         'bigbird', pathx='FAIL'),
     _row('IGLOO', (39.23, 82.0, 75.5, 47.0, 67.50), 62.25, _LRA_EXT, 'lra',
          pathx='NA'),
     _row('TLB', (37.05, 81.88, 76.91, 57.51, 79.06), 66.48, _LRA_EXT, 'lra',
@@ -114,11 +114,11 @@ XIONG = (
     _row('Transformer', (37.10, 65.02, 79.35, 38.20, 74.16), 58.77, _XIONG,
          'xiong', 'softmax'),
     _row('Reformer (2 hashes)', (19.05, 64.88, 78.64, 43.29, 69.36), 55.04,
-         _XIONG, 'xiong'),
+         _XIONG, 'xiong', 'reformer'),
     _row('Linformer (k=256)', (37.25, 55.91, 79.37, 37.84, 67.60), 55.59,
-         _XIONG, 'xiong'),
+         _XIONG, 'xiong', 'linformer'),
     _row('Performer (r=256)', (18.80, 63.81, 78.62, 37.07, 69.87), 53.63,
-         _XIONG, 'xiong'),
+         _XIONG, 'xiong', 'performer'),
     _row('Nyströmformer (64 landmarks)', (37.15, 65.52, 79.56, 41.58, 70.94),
          58.95, _XIONG, 'xiong'),
 )
@@ -128,9 +128,10 @@ ADAMRA_PAPER = (
     _row('AdaMRA', (40.40, 68.44, 84.83, 46.00, 75.77), 63.09, _ADAMRA,
          'xiong', 'adamra', 'Rates (1/2, 1/8, 1/32).'),
     _row('BigBird (AdaMRA re-run)', (38.55, 63.90, 81.50, 38.30, 74.89),
-         59.43, _ADAMRA, 'xiong'),
+         59.43, _ADAMRA, 'xiong', 'bigbird'),
     _row('Linear Transformer (AdaMRA re-run)',
-         (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong'),
+         (37.35, 64.15, 81.10, 38.20, 70.20), 58.20, _ADAMRA, 'xiong',
+         'linear'),
 )
 
 _LS = ('Transformer-LS paper, Table 1, mean of 4 seeds '
@@ -159,7 +160,7 @@ CST_PAPER = (
     _row('Nyströmformer (CST re-run)', (37.50, 65.01, 80.42, 51.13, 69.73),
          60.76, _CST, 'cst'),
     _row('Performer (CST re-run)', (37.25, 64.65, 81.69, 41.73, 72.91),
-         59.65, _CST, 'cst'),
+         59.65, _CST, 'cst', 'performer'),
     _row('CST (L = 8)', (37.45, 77.23, 84.15, 51.27, 76.32), 65.28, _CST,
          'cst', 'cst', 'slice_length=8'),
     _row('CST (L = 16)', (37.90, 73.60, 84.00, 51.39, 76.97), 64.77, _CST,
@@ -178,13 +179,13 @@ def rows_for_protocol(protocol: str) -> list[Row]:
 def reference_rows(protocol: str, mechanisms: set[str]) -> list[Row]:
   """Rows to print beside our runs of `protocol`.
 
-  The protocol's baseline table (LRA leaderboard, Xiong et al., or the CST
-  paper's own Transformer) plus every paper row of a mechanism we ran under
-  that protocol.
+  The protocol's whole baseline table (LRA leaderboard, Xiong et al., or
+  the CST paper's own Transformer), whether or not we ran its models, plus
+  every paper row of a mechanism we ran under that protocol.
   """
   base = {'lra': LRA_LEADERBOARD, 'xiong': XIONG,
           'cst': CST_PAPER}.get(protocol, ())
-  rows = [r for r in base if r.mechanism in (None, 'softmax')]
+  rows = list(base)
   ours = [r for r in rows_for_protocol(protocol)
           if r.mechanism in mechanisms - {'softmax'}]
   # With a paper's mechanism rows comes that paper's own baseline.

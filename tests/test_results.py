@@ -309,3 +309,15 @@ def test_committed_listops_results_rebuild_from_their_copy(tmp_path):
     assert (tmp_path / 'o' / 'results.md').read_text() == f.read()
   with open(os.path.join(ROOT, 'docs', 'results.md')) as f:
     assert doc.read_text() == f.read()
+
+
+def test_each_protocol_prints_its_whole_baseline_table():
+  # The leaderboard's and Xiong et al.'s rows stand beside any run of their
+  # protocol, also for models that are registry entries we did not run.
+  for protocol, table in (('lra', published.LRA_LEADERBOARD),
+                          ('xiong', published.XIONG),
+                          ('cst', published.CST_PAPER)):
+    rows = published.reference_rows(protocol, {'softmax'})
+    assert all(r in rows for r in table), protocol
+  assert any(r.mechanism not in (None, 'softmax')
+             for r in published.LRA_LEADERBOARD)

@@ -21,6 +21,9 @@ from tests import helpers
 # variants such as cst_l16 or combiner_axial share their code paths.
 CONFIGS = [f'configs/listops/{name}.py' for name in (
     'transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed')]
+CONFIGS += [f'configs/listops/{name}.py' for name in (
+    'local', 'sparse', 'longformer', 'bigbird', 'linformer',
+    'linear', 'performer', 'synthesizer', 'reformer', 'sinkhorn')]
 
 
 def test_every_mechanism_has_a_runlocal_check():
