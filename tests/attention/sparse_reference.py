@@ -24,19 +24,22 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from lra_msmra import sharding
 
 
-def masks(length: int) -> np.ndarray:
-  """Row 0 all real; row 1 holes (first, middle, last); row 2 one real."""
+def masks(length: int, holes=None) -> np.ndarray:
+  """Row 0 all real; row 1 with padded `holes` (default: first, middle two,
+  last); row 2 one real token, in the middle."""
+  if holes is None:
+    holes = (0, length // 2, length // 2 + 1, length - 1)
   m = np.ones((3, length), bool)
-  m[1, [0, length // 2, length // 2 + 1, length - 1]] = False
+  m[1, list(holes)] = False
   m[2] = False
   m[2, length // 2] = True
   return m
 
 
-def inputs(length: int, features: int, seed: int = 0):
+def inputs(length: int, features: int, seed: int = 0, holes=None):
   x = np.random.RandomState(seed).standard_normal(
       (3, length, features)).astype(np.float32)
-  return x, masks(length)
+  return x, masks(length, holes)
 
 
 def params(layer, x, mask, seed: int = 0):
@@ -90,9 +93,14 @@ def jitted(layer, **kw):
   return _JITTED[key]
 
 
+def call(layer, variables, x, mask, **kw):
+  """The jitted apply's output as it is (traceable, e.g. under `jax.grad`;
+  a tuple with `mutable=`)."""
+  return jitted(layer, **kw)(variables, jnp.asarray(x), jnp.asarray(mask))
+
+
 def apply(layer, variables, x, mask, **kw):
-  fn = jitted(layer, **kw)
-  return np.asarray(fn(variables, jnp.asarray(x), jnp.asarray(mask)))
+  return np.asarray(call(layer, variables, x, mask, **kw))
 
 
 def dense(p, name, x):

@@ -17,45 +17,13 @@ from tests.attention import sparse_reference as ref
 FEATURES, HEADS = 8, 2
 
 
-def _mask(length):
-  """Row 0 all real; row 1 holes (leading, middle, trailing); row 2 one real."""
-  m = np.ones((3, length), bool)
-  m[1, [0, 3, 4, length - 1]] = False
-  m[2] = False
-  m[2, length // 2] = True
-  return m
-
-
 def _inputs(length, seed=0):
-  x = np.random.RandomState(seed).standard_normal(
-      (3, length, FEATURES)).astype(np.float32)
-  return x, _mask(length)
+  return ref.inputs(length, FEATURES, seed, holes=(0, 3, 4, length - 1))
 
 
-def _init(layer, x, mask, seed=0):
-  variables = {'params': ref.params(layer, x, mask, seed)}
-  rng = np.random.RandomState(seed + 100)
-
-  def perturb(path, p):  # non-zero biases, so that they are checked too.
-    name = '/'.join(str(getattr(k, 'key', k)) for k in path)
-    if name.endswith('bias'):
-      return 0.3 * rng.standard_normal(p.shape).astype(np.float32)
-    return p
-  return {'params': jax.tree_util.tree_map_with_path(perturb,
-                                                     variables['params'])}
-
-
-def _apply(layer, variables, x, mask, **kw):
-  fn = ref.jitted(layer, **kw)
-  return fn(variables, jnp.asarray(x), jnp.asarray(mask))
-
-
-def _dense(p, name, x):
-  out = np.tensordot(x, np.asarray(p[name]['kernel'], np.float64),
-                     axes=([-1], [0]))
-  if 'bias' in p[name]:
-    out = out + np.asarray(p[name]['bias'], np.float64)
-  return out
+_init = ref.init
+_apply = ref.call
+_dense = ref.dense
 
 
 def _elu1(x):

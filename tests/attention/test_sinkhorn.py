@@ -24,19 +24,8 @@ FEATURES, HEADS = 8, 2
 HEAD_DIM = FEATURES // HEADS
 
 
-def _mask(length):
-  """Row 0 all real; row 1 holes (leading, middle, trailing); row 2 one real."""
-  m = np.ones((3, length), bool)
-  m[1, [0, 3, 4, length - 1]] = False
-  m[2] = False
-  m[2, length // 2] = True
-  return m
-
-
 def _inputs(length, seed=0):
-  x = np.random.RandomState(seed).standard_normal(
-      (3, length, FEATURES)).astype(np.float32)
-  return x, _mask(length)
+  return ref.inputs(length, FEATURES, seed, holes=(0, 3, 4, length - 1))
 
 
 def _init(layer, x, mask, seed=0):
@@ -54,25 +43,9 @@ def _init(layer, x, mask, seed=0):
                                                      variables['params'])}
 
 
-def _apply(layer, variables, x, mask, **kw):
-  fn = ref.jitted(layer, **kw)
-  return fn(variables, jnp.asarray(x), jnp.asarray(mask))
-
-
-def _dense(p, name, x):
-  out = np.tensordot(x, np.asarray(p[name]['kernel'], np.float64),
-                     axes=([-1], [0]))
-  if 'bias' in p[name]:
-    out = out + np.asarray(p[name]['bias'], np.float64)
-  return out
-
-
-def _out(p, out, mask):
-  y = np.tensordot(out, np.asarray(p['out']['kernel'], np.float64),
-                   axes=([-2, -1], [0, 1]))
-  if 'bias' in p['out']:
-    y = y + np.asarray(p['out']['bias'], np.float64)
-  return y * mask[..., None]  # padded query rows are zero
+_apply = ref.call
+_dense = ref.dense
+_out = ref.output
 
 
 def _softmax(logits, valid):

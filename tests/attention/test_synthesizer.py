@@ -21,19 +21,8 @@ FEATURES, HEADS = 8, 2
 HEAD_DIM = FEATURES // HEADS
 
 
-def _mask(length):
-  """Row 0 all real; row 1 holes (leading, middle, trailing); row 2 one real."""
-  m = np.ones((3, length), bool)
-  m[1, [0, 3, 4, length - 1]] = False
-  m[2] = False
-  m[2, length // 2] = True
-  return m
-
-
 def _inputs(length, seed=0):
-  x = np.random.RandomState(seed).standard_normal(
-      (3, length, FEATURES)).astype(np.float32)
-  return x, _mask(length)
+  return ref.inputs(length, FEATURES, seed, holes=(0, 3, 4, length - 1))
 
 
 def _init(layer, x, mask, seed=0):
@@ -51,17 +40,8 @@ def _init(layer, x, mask, seed=0):
                                                      variables['params'])}
 
 
-def _apply(layer, variables, x, mask, **kw):
-  fn = ref.jitted(layer, **kw)
-  return fn(variables, jnp.asarray(x), jnp.asarray(mask))
-
-
-def _dense(p, name, x):
-  out = np.tensordot(x, np.asarray(p[name]['kernel'], np.float64),
-                     axes=([-1], [0]))
-  if 'bias' in p[name]:
-    out = out + np.asarray(p[name]['bias'], np.float64)
-  return out
+_apply = ref.call
+_dense = ref.dense
 
 
 def _np(p, name):
