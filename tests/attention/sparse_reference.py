@@ -168,12 +168,13 @@ def dense_attention(variables, x, mask, allowed):
 
 
 def check_gradients(layer, variables, x, mask, reference: Callable,
-                    seed: int = 0, rtol: float = 1e-3) -> None:
+                    seed: int = 0, rtol: float = 1e-3, atol: float = 1e-3):
   """JAX gradients against central differences of the float64 reference.
 
   Compares the directional derivative of sum(w * y) along one random
   direction in parameters and input: the analytic one from `jax.grad` of
-  the layer, the numeric one from `reference(variables, x)`.
+  the layer, the numeric one from `reference(variables, x)`. Returns the
+  analytic gradients (parameters, input).
   """
   rng = np.random.RandomState(seed)
   w = rng.standard_normal(apply(layer, variables, x, mask).shape)
@@ -194,7 +195,8 @@ def check_gradients(layer, variables, x, mask, reference: Callable,
     return float(np.sum(w * reference(v, x + t * d_x)))
   step = 1e-5
   numeric = (loss(step) - loss(-step)) / (2 * step)
-  np.testing.assert_allclose(analytic, numeric, rtol=rtol, atol=1e-3)
+  np.testing.assert_allclose(analytic, numeric, rtol=rtol, atol=atol)
+  return grads
 
 
 def check_padding_invariance(layer, variables, x, mask, seed: int = 7
@@ -206,6 +208,30 @@ def check_padding_invariance(layer, variables, x, mask, seed: int = 7
   np.testing.assert_allclose(y2[mask], y[mask], rtol=1e-5, atol=1e-6)
   assert np.all(y[~mask] == 0.0) and np.all(y2[~mask] == 0.0)
   assert np.all(np.isfinite(y))
+
+
+def with_padded_row(x, mask):
+  """The inputs with one more row, all padding (a copy of row 0's values)."""
+  return (np.concatenate([x, x[:1]]),
+          np.concatenate([mask, np.zeros((1, mask.shape[1]), bool)]))
+
+
+def check_any_padding(layer, variables, x, mask, seed: int = 0) -> None:
+  """Finite outputs and gradients for every row (fully padded ones too),
+  padded rows zero, real outputs blind to large padded inputs, and no
+  gradient reaching padded inputs."""
+  y = apply(layer, variables, x, mask)
+  assert np.all(np.isfinite(y)) and np.all(y[~mask] == 0.0)
+  noise = 50.0 * np.random.RandomState(seed).standard_normal(x.shape)
+  y2 = apply(layer, variables, np.where(mask[..., None], x, noise), mask)
+  np.testing.assert_allclose(y2[mask], y[mask], rtol=1e-5, atol=1e-6)
+
+  def loss(v, a):
+    return jnp.sum(call(layer, v, a, mask) ** 2)
+  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, jnp.asarray(x))
+  for g in jax.tree_util.tree_leaves(grads):
+    assert np.all(np.isfinite(np.asarray(g)))
+  assert np.all(np.asarray(grads[1])[~mask] == 0.0)
 
 
 def check_mesh(layer, variables, x, mask, atol: float = 1e-5) -> None:

@@ -137,26 +137,10 @@ def test_gradients_match_finite_differences_of_dense_reference(index):
   x, mask = _inputs(n, seed=index)
   layer = ReformerAttention(num_heads=HEADS, **case)
   variables = _init(layer, x, mask)
-  rng = np.random.RandomState(index)
-  w = rng.standard_normal((3, n, FEATURES))
-  d_params = jax.tree.map(lambda a: rng.standard_normal(a.shape),
-                          variables['params'])
-  d_x = rng.standard_normal(x.shape)
-  grads = jax.jit(jax.grad(
-      lambda v, a: jnp.sum(w * layer.apply(v, a, padding_mask=mask)),
-      argnums=(0, 1)))(variables, jnp.asarray(x))
-  analytic = float(np.sum(np.asarray(grads[1], np.float64) * d_x)) + sum(
-      float(np.sum(np.asarray(g, np.float64) * e)) for g, e in zip(
-          jax.tree.leaves(grads[0]['params']), jax.tree.leaves(d_params)))
-
-  def loss(t):
-    v = {'params': jax.tree.map(
-        lambda a, e: np.asarray(a, np.float64) + t * e, variables['params'],
-        d_params)}
-    return float(np.sum(w * dense_reformer(layer, v, x + t * d_x, mask)))
-  step = 1e-5
-  numeric = (loss(step) - loss(-step)) / (2 * step)
-  np.testing.assert_allclose(analytic, numeric, rtol=1e-3, atol=1e-3)
+  ref.check_gradients(
+      layer, variables, x, mask,
+      lambda v, a: dense_reformer(layer, v, a, mask),
+      seed=index, rtol=1e-3)
 
 
 @pytest.mark.parametrize('kw', [
@@ -193,24 +177,9 @@ def test_hashing_is_fixed_by_the_seed():
 
 def test_any_padding_pattern_gives_finite_values_and_gradients():
   n = 12
-  x, mask = _inputs(n)
-  mask = np.concatenate([mask, np.zeros((1, n), bool)])  # fully padded row
-  x = np.concatenate([x, x[:1]])
+  x, mask = ref.with_padded_row(*_inputs(n))
   layer = ReformerAttention(num_heads=HEADS, num_buckets=4, num_hashes=2)
-  variables = _init(layer, x, mask)
-  y = np.asarray(_apply(layer, variables, x, mask))
-  assert np.all(np.isfinite(y)) and np.all(y[~mask] == 0.0)
-  noise = 50.0 * np.random.RandomState(0).standard_normal(x.shape)
-  y2 = np.asarray(_apply(layer, variables, np.where(mask[..., None], x, noise),
-                         mask))
-  np.testing.assert_allclose(y2[mask], y[mask], rtol=1e-5, atol=1e-6)
-
-  def loss(v, a):
-    return jnp.sum(_apply(layer, v, a, mask) ** 2)
-  grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, jnp.asarray(x))
-  for g in jax.tree_util.tree_leaves(grads):
-    assert np.all(np.isfinite(np.asarray(g)))
-  assert np.all(np.asarray(grads[1])[~mask] == 0.0)
+  ref.check_any_padding(layer, _init(layer, x, mask), x, mask)
 
 
 def test_causal_is_refused():
