@@ -177,7 +177,9 @@ def check_gradients(layer, variables, x, mask, reference: Callable,
   analytic gradients (parameters, input).
   """
   rng = np.random.RandomState(seed)
-  w = rng.standard_normal(apply(layer, variables, x, mask).shape)
+  out = jax.eval_shape(lambda v, a: layer.apply(v, a, padding_mask=mask),
+                       variables, jnp.asarray(x))  # shape only, no compile
+  w = rng.standard_normal(out.shape)
   d_params = jax.tree.map(lambda a: rng.standard_normal(a.shape),
                           variables['params'])
   d_x = rng.standard_normal(x.shape)

@@ -18,6 +18,7 @@ from lra_msmra import config_lib
 from lra_msmra import validation
 from lra_msmra.attention import long_short
 from lra_msmra.attention.long_short import LongShortAttention
+from tests.attention import sparse_reference as ref
 
 FEATURES, HEADS = 8, 2
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -219,26 +220,9 @@ def test_gradients_match_finite_differences_of_dense_reference(index):
   layer = _layer(**case)
   variables = _init(layer, x, mask)
   case.pop('use_bias', None)
-  rng = np.random.RandomState(index)
-  w = rng.standard_normal((3, n, FEATURES))
-  d_params = jax.tree.map(lambda a: rng.standard_normal(a.shape),
-                          variables['params'])
-  d_x = rng.standard_normal(x.shape)
-  grads = jax.jit(jax.grad(
-      lambda v, a: jnp.sum(w * layer.apply(v, a, padding_mask=mask)),
-      argnums=(0, 1)))(variables, jnp.asarray(x))
-  analytic = float(np.sum(np.asarray(grads[1], np.float64) * d_x)) + sum(
-      float(np.sum(np.asarray(g, np.float64) * e)) for g, e in zip(
-          jax.tree.leaves(grads[0]['params']), jax.tree.leaves(d_params)))
-
-  def loss(t):
-    v = {'params': jax.tree.map(
-        lambda a, e: np.asarray(a, np.float64) + t * e, variables['params'],
-        d_params)}
-    return float(np.sum(w * dense_long_short(v, x + t * d_x, mask, **case)))
-  step = 1e-5
-  numeric = (loss(step) - loss(-step)) / (2 * step)
-  np.testing.assert_allclose(analytic, numeric, rtol=1e-3, atol=1e-3)
+  ref.check_gradients(
+      layer, variables, x, mask,
+      lambda v, a: dense_long_short(v, a, mask, **case), seed=index)
 
 
 # ----------------------------------------------------- weights and support
