@@ -31,7 +31,23 @@ PyTorch (optional, `--torch auto|on|off`): with PyTorch importable, every
 point is also run with the straightforward PyTorch version of the same
 computation (`lra_msmra.benchmark.torch_reference`) on the same weights, and
 a check at `--torch_check_length` compares the two outputs. Without PyTorch
-the comparison is skipped and the report says so.
+the comparison is skipped and the report says so. `--torch_threads`
+sets PyTorch's thread count (default: PyTorch's own, one per core).
+
+Official Transformer-LS (optional, `--official_ls PATH`): PATH is a checkout
+of NVIDIA/transformer-ls. Every `long_short` spec is then also run with the
+official class `AttentionLS` (`lra/attention_transformer_ls.py`, imported by
+path in the PyTorch workers; `lra_msmra.benchmark.official_ls`), built with
+the same shapes and knobs and holding our layer's weights. Before timing, its
+output is checked against ours at `--torch_check_length` on a partly padded
+batch, with the LayerNorm parameters drawn at random so that every weight
+matters; real rows must agree within `--official_ls_tolerance` (padded
+rows are reported apart: the official code returns the output bias there).
+A mismatch is logged as an error, the official points of that spec are not
+timed, and the command exits with status 1 after writing the report. The
+official points are timed like the port's (same repeats, median, threads),
+right after ours at each length and mode; the report gives official/ours
+time ratios and the checkout's commit.
 
 Outputs in `--out`: `attention.json` (every record, the environment and the
 command), `attention.md` (tables) and `attention_time.png`,
@@ -48,6 +64,7 @@ import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from lra_msmra.benchmark import common
+from lra_msmra.benchmark import official_ls
 
 MODULE = 'lra_msmra.benchmark.attention'
 MODES = ('fwd', 'fwd_bwd')
@@ -79,7 +96,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--torch', default='auto', choices=('auto', 'on', 'off'),
                  help='PyTorch comparison: auto = if importable')
   p.add_argument('--torch_check_length', type=int, default=256,
-                 help='length of the JAX-vs-PyTorch output check')
+                 help='length of the JAX-vs-PyTorch output checks')
+  p.add_argument('--torch_threads', type=int, default=0,
+                 help='PyTorch threads (0 = PyTorch default)')
+  p.add_argument('--official_ls', default=None, metavar='PATH',
+                 help='checkout of NVIDIA/transformer-ls: also time its '
+                      'AttentionLS on our long_short weights')
+  p.add_argument('--official_ls_tolerance', type=float,
+                 default=official_ls.DEFAULT_TOLERANCE,
+                 help='largest |ours - official| accepted on real rows '
+                      '(default: %(default)g)')
   p.add_argument('--baseline', default='softmax',
                  help='mechanism label the ratios refer to')
   p.add_argument('--growth_from', type=int, default=4096,
@@ -94,6 +120,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   for name in ('batch', 'features', 'heads', 'repeats'):
     if getattr(args, name) < 1:
       p.error(f'--{name} must be >= 1')
+  if args.torch_threads < 0:
+    p.error('--torch_threads must be >= 0 (0 = PyTorch default)')
   if args.features % args.heads:
     p.error(f'--features={args.features} is not divisible by '
             f'--heads={args.heads}')
@@ -102,7 +130,31 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if spec.name not in attention_lib.REGISTRY:
       p.error(f'unknown mechanism {spec.name!r}; registered: '
               f'{sorted(attention_lib.REGISTRY)}')
+  args.official = None
+  if args.official_ls is not None:
+    args.official = _official_setup(args)
   return args
+
+
+def _official_setup(args: argparse.Namespace) -> dict[str, Any]:
+  """Checks `--official_ls` and describes the checkout; exits in one line."""
+  try:
+    described = official_ls.describe_checkout(args.official_ls)
+  except official_ls.CheckoutError as e:
+    raise SystemExit(f'error: {e}') from None
+  if not any(s.name == 'long_short' for s in args.specs):
+    raise SystemExit(
+        'error: --official_ls compares the official AttentionLS with '
+        '`long_short`, which --mechanisms does not list; add long_short '
+        '(with its knobs, e.g. long_short:window_size=8,num_landmarks=32).')
+  if not _torch_available():
+    raise SystemExit(
+        'error: --official_ls runs the official PyTorch code, but torch is '
+        'not installed; install a CPU build (pip install torch --index-url '
+        'https://download.pytorch.org/whl/cpu) or leave out --official_ls.')
+  if args.official_ls_tolerance <= 0:
+    raise SystemExit('error: --official_ls_tolerance must be > 0.')
+  return dict(described, tolerance=args.official_ls_tolerance)
 
 
 # ------------------------------------------------------------------ worker
@@ -183,37 +235,35 @@ def _jax_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   return result
 
 
-def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
-  import jax  # pylint: disable=g-import-not-at-top
+def _check_mask(shape: tuple[int, int]):
+  """The checks' padding: the last batch row padded over its final quarter."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  length = shape[1]
+  mask = np.ones(shape, bool)
+  mask[-1, max(1, length - length // 4):] = False
+  return mask
+
+
+def _torch_threads(payload: Mapping[str, Any]) -> None:
+  import torch  # pylint: disable=g-import-not-at-top
+  if payload.get('torch_threads'):
+    torch.set_num_threads(payload['torch_threads'])
+
+
+def _time_torch(payload: Mapping[str, Any], fn: Callable[..., Any],
+                tensors: list[Any], x, g) -> dict[str, Any]:
+  """Times `fn(x, all-real mask)` (fwd) or it and `backward(g)` (fwd_bwd).
+
+  `tensors` are the parameters whose gradients forward+backward computes
+  (with the input's).
+  """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
 
-  if payload['dtype'] != 'float32':
-    raise NotImplementedError('The PyTorch comparison runs in float32 only.')
-  mode = payload['mode']
-  length = payload['check_length'] if mode == 'check' else payload['length']
-  layer, params, x, mask, g = _setup(payload, length)
-  np_params = jax.device_get(params['params'])
-  fn, tensors = torch_reference.build(payload['name'], payload['kw'],
-                                      np_params)
   tx = torch.from_numpy(np.array(x))
-  tmask = torch.from_numpy(np.array(mask))
-  if mode == 'check':
-    # A partly padded batch checks the masking as well.
-    cut = max(1, length - length // 4)
-    np_mask = np.ones(mask.shape, bool)
-    np_mask[-1, cut:] = False
-    y_jax = np.array(layer.apply(params, x, padding_mask=np_mask))
-    with torch.no_grad():
-      y_torch = fn(tx, torch.from_numpy(np_mask)).numpy()
-    diff = float(np.max(np.abs(y_jax - y_torch)))
-    scale = float(np.max(np.abs(y_jax)))
-    return {'check_length': length, 'max_abs_diff': diff,
-            'max_abs_output': scale, 'relative_diff': diff / max(scale, 1e-30)}
-  del layer, params, x, mask
+  tmask = torch.ones(tx.shape[:2], dtype=torch.bool)
   tg = torch.from_numpy(np.array(g))
-  if mode == 'fwd':
+  if payload['mode'] == 'fwd':
     def call():
       with torch.no_grad():
         return fn(tx, tmask)
@@ -241,9 +291,92 @@ def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   return result
 
 
+def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+  """Our PyTorch port (`torch_reference`): its check or one timed point."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  from lra_msmra.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
+
+  if payload['dtype'] != 'float32':
+    raise NotImplementedError('The PyTorch comparison runs in float32 only.')
+  _torch_threads(payload)
+  mode = payload['mode']
+  length = payload['check_length'] if mode == 'check' else payload['length']
+  layer, params, x, mask, g = _setup(payload, length)
+  np_params = jax.device_get(params['params'])
+  fn, tensors = torch_reference.build(payload['name'], payload['kw'],
+                                      np_params)
+  if mode == 'check':
+    # A partly padded batch checks the masking as well.
+    np_mask = _check_mask(mask.shape)
+    y_jax = np.array(layer.apply(params, x, padding_mask=np_mask))
+    with torch.no_grad():
+      y_torch = fn(torch.from_numpy(np.array(x)),
+                   torch.from_numpy(np_mask)).numpy()
+    diff = float(np.max(np.abs(y_jax - y_torch)))
+    scale = float(np.max(np.abs(y_jax)))
+    return {'check_length': length, 'max_abs_diff': diff,
+            'max_abs_output': scale, 'relative_diff': diff / max(scale, 1e-30)}
+  del layer, params, mask
+  return _time_torch(payload, fn, tensors, x, g)
+
+
+def _randomize_norms(params):
+  """LayerNorm scales and all biases drawn at random (they start at 1 and 0).
+
+  At their initial values a mistake in mapping them (e.g. swapping LN_L and
+  LN_G, or flattening heads in the wrong order) would not change the output;
+  drawn, every parameter of the layer matters in the check.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+  keys = jax.random.split(jax.random.PRNGKey(1), max(len(leaves), 1))
+  new = []
+  for (path, leaf), key in zip(leaves, keys):
+    name = getattr(path[-1], 'key', '')
+    if name in ('scale', 'bias'):
+      leaf = leaf + 0.5 * jax.random.normal(key, leaf.shape, jnp.float32)
+    new.append(leaf)
+  return jax.tree_util.tree_unflatten(tree, new)
+
+
+def _official_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+  """The official `AttentionLS` on our weights: its check or a timed point."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+
+  if payload['dtype'] != 'float32':
+    raise NotImplementedError('The official comparison runs in float32 only.')
+  official_ls.check_knobs(payload['kw'])
+  _torch_threads(payload)
+  mode = payload['mode']
+  length = payload['check_length'] if mode == 'check' else payload['length']
+  layer, params, x, mask, g = _setup(payload, length)
+  if mode == 'check':
+    params = _randomize_norms(params)
+  module = official_ls.build(
+      payload['official_ls'], payload['kw'], jax.device_get(params['params']),
+      heads=payload['heads'], features=payload['features'], length=length)
+  if mode == 'check':
+    np_mask = _check_mask(mask.shape)
+    y_ours = np.array(layer.apply(params, x, padding_mask=np_mask))
+    with torch.no_grad():
+      y_official = module(torch.from_numpy(np.array(x)),
+                          torch.from_numpy(np_mask)).numpy()
+    return {'check_length': length,
+            **official_ls.compare(y_ours, y_official, np_mask,
+                                  payload['tolerance'])}
+  del layer, params, mask
+  return _time_torch(payload, module, list(module.parameters()), x, g)
+
+
 def worker_main(payload: Mapping[str, Any]) -> None:
   """Runs one point and prints its result line."""
-  worker = _torch_worker if payload['backend'] == 'torch' else _jax_worker
+  worker = {'jax': _jax_worker, 'torch': _torch_worker,
+            'official': _official_worker}[payload['backend']]
   try:
     result = worker(payload)
   except NotImplementedError as e:
@@ -260,13 +393,55 @@ def _torch_available() -> bool:
 
 def _payload(args, spec: common.Spec, backend: str, mode: str, length: int
              ) -> dict[str, Any]:
-  return {'backend': backend, 'mode': mode, 'name': spec.name,
-          'kw': dict(spec.kw), 'length': length, 'batch': args.batch,
-          'features': args.features, 'heads': args.heads,
-          'dtype': args.dtype, 'repeats': args.repeats,
-          'warmup': args.warmup,
-          'max_repeat_seconds': args.max_repeat_seconds,
-          'check_length': args.torch_check_length}
+  payload = {'backend': backend, 'mode': mode, 'name': spec.name,
+             'kw': dict(spec.kw), 'length': length, 'batch': args.batch,
+             'features': args.features, 'heads': args.heads,
+             'dtype': args.dtype, 'repeats': args.repeats,
+             'warmup': args.warmup,
+             'max_repeat_seconds': args.max_repeat_seconds,
+             'check_length': args.torch_check_length,
+             'torch_threads': args.torch_threads}
+  if backend == 'official':
+    payload.update(official_ls=args.official_ls,
+                   tolerance=args.official_ls_tolerance)
+  return payload
+
+
+def _official_check(args, spec: common.Spec, budget) -> dict[str, Any]:
+  """Runs the official output check of `spec` and logs it (loudly if bad)."""
+  check = common.run_worker(
+      MODULE, _payload(args, spec, 'official', 'check', 0),
+      memory_budget_bytes=budget, timeout_s=args.timeout_s)
+  if check.get('status') == 'ok' and not check['passed']:
+    check['status'] = 'mismatch'
+    check['reason'] = (
+        f'max |ours - official| on real rows {check["max_abs_diff"]:.3e} > '
+        f'tolerance {check["tolerance"]:.1e} at N={check["check_length"]}')
+  if check['status'] in ('ok', 'unsupported'):
+    common.log(f'[{spec.label}] official check: {check["status"]} '
+               f'{check.get("max_abs_diff", check.get("reason", ""))}')
+  else:
+    common.log(f'ERROR: [{spec.label}] official AttentionLS check '
+               f'{check["status"]}: {check.get("reason", "")}; its points '
+               'are not timed and the command will exit with status 1.')
+  return check
+
+
+def _add_ratios(records: list[dict[str, Any]]) -> None:
+  """Official time over ours (JAX) and over our port, on official records."""
+  idx = _index(records)
+  for rec in records:
+    if rec['backend'] != 'official' or rec['status'] != 'ok':
+      continue
+    for other, field in (('jax', 'official_over_jax'),
+                         ('torch', 'official_over_port')):
+      rec[field] = _div(rec['time_s'], common.ok_value(
+          idx.get((rec['mechanism'], other, rec['mode'], rec['length'])),
+          'time_s'))
+
+
+# How the points not timed after a failed or unsupported check name it.
+_CHECK_NAMES = {'torch': 'PyTorch', 'official': 'Official AttentionLS'}
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
@@ -288,38 +463,51 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                   '(pip install torch to enable it).')
   if torch_note:
     common.log(torch_note)
+  if args.official:
+    backends.append('official')
+    commit = args.official['commit'] or args.official['commit_note']
+    common.log(f'Official AttentionLS from {args.official_ls} ({commit}).')
 
-  records, checks = [], {}
+  records, checks, official_checks = [], {}, {}
   for spec in args.specs:
-    if 'torch' in backends:
+    spec_backends = [b for b in backends
+                     if b != 'official' or spec.name == 'long_short']
+    if 'torch' in spec_backends:
       check = common.run_worker(
           MODULE, _payload(args, spec, 'torch', 'check', 0),
           memory_budget_bytes=budget, timeout_s=args.timeout_s)
       checks[spec.label] = check
       common.log(f'[{spec.label}] torch check: {check.get("status")} '
            f'{check.get("max_abs_diff", check.get("reason", ""))}')
+    if 'official' in spec_backends:
+      official_checks[spec.label] = _official_check(args, spec, budget)
     history: dict[tuple[str, str], list[tuple[int, float]]] = {}
     # Device memory once a point measured it (GPU/TPU), else host memory.
     budgets: dict[tuple[str, str], Optional[float]] = {}
     blocked: dict[str, str] = {}
     for length in args.length_list:
-      for backend in backends:
-        for mode in args.mode_list:
+      # Per mode, the backends run one after the other, so the points whose
+      # times are compared are measured close together.
+      for mode in args.mode_list:
+        for backend in spec_backends:
           rec = {'mechanism': spec.label, 'name': spec.name,
                  'kw': dict(spec.kw), 'backend': backend, 'mode': mode,
                  'length': length}
-          check = checks.get(spec.label)
+          check = {'torch': checks, 'official': official_checks}.get(
+              backend, {}).get(spec.label)
           key = (backend, mode)
-          # The JAX points of this length run first: their growth guides
-          # the PyTorch prediction when PyTorch has a single shorter point.
+          # The JAX point of this length and mode runs first: its growth
+          # guides the PyTorch prediction when PyTorch has a single shorter
+          # point.
           hint = common.growth_exponent(history.get(('jax', mode), []))
           predicted = common.predict_bytes(history.get(key, []), length,
-                                           hint if backend == 'torch'
+                                           hint if backend != 'jax'
                                            else None)
-          if backend == 'torch' and check and check['status'] != 'ok':
+          if check and check['status'] != 'ok':
             rec.update(status='unsupported' if check['status'] ==
                        'unsupported' else 'skipped',
-                       reason=f'PyTorch check {check["status"]}: '
+                       reason=f'{_CHECK_NAMES[backend]} check '
+                              f'{check["status"]}: '
                               f'{check.get("reason", "")}')
           elif key in blocked:
             rec.update(status='skipped', reason=blocked[key])
@@ -343,6 +531,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
             blocked[key] = common.not_run_reason(length, rec)
           records.append(rec)
           common.log(_describe(rec))
+  _add_ratios(records)
   end_load = list(os.getloadavg())
   return {
       'command': common.command_line(argv, MODULE),
@@ -355,10 +544,22 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           'dtype': args.dtype, 'repeats': args.repeats,
           'warmup': args.warmup, 'baseline': args.baseline,
           'memory_budget_bytes': budget, 'backends': backends,
-          'torch_note': torch_note},
+          'torch_note': torch_note, 'torch_threads': args.torch_threads,
+          'official_ls': args.official},
       'torch_checks': checks,
+      'official_checks': official_checks,
       'records': records,
   }
+
+
+def failed_official_checks(report: Mapping[str, Any]) -> list[str]:
+  """`label: reason` of every official check that failed or mismatched."""
+  failed = []
+  for label, c in report.get('official_checks', {}).items():
+    if c.get('status') not in ('ok', 'unsupported'):
+      reason = ' '.join(str(c.get('reason', '')).split())
+      failed.append(f'{label}: {c["status"]}: {reason[-400:]}')
+  return failed
 
 
 def _describe(rec: Mapping[str, Any]) -> str:
@@ -493,6 +694,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             common.markdown_table(['mechanism', 'mode'] + [
                 str(n) for n in lengths], rows), '']
   lines += _torch_section(report, idx, mechs, lengths)
+  lines += _official_section(report, idx, mechs, lengths)
   problems = [r for r in report['records'] if r['status'] != 'ok']
   if problems:
     lines += ['## Points not measured', '']
@@ -505,7 +707,7 @@ def markdown(report: Mapping[str, Any]) -> str:
 
 def _torch_section(report, idx, mechs, lengths) -> list[str]:
   s = report['settings']
-  lines = ['## PyTorch comparison', '']
+  lines = ['## PyTorch comparison (our port, `torch_reference`)', '']
   if 'torch' not in s['backends']:
     return lines + [s['torch_note'] or 'Not run.', '']
   rows = []
@@ -521,21 +723,79 @@ def _torch_section(report, idx, mechs, lengths) -> list[str]:
                   if r.get('torch_version')), '?')
   threads = next((r.get('torch_threads') for r in report['records']
                   if r.get('torch_threads')), '?')
-  lines += [f'PyTorch {version}, {threads} threads. Output check on the '
+  lines += [f'Our straightforward PyTorch port of each mechanism. PyTorch '
+            f'{version}, {threads} threads. Output check on the '
             'same weights (last batch row padded over its final quarter):',
             '', common.markdown_table(['mechanism', 'length',
-                                       'max |JAX - PyTorch|', 'relative'],
+                                       'max abs(JAX − PyTorch)', 'relative'],
                                       rows), '']
   def torch_cell(mode, m, n, tt):
     tj = common.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
     return f'{common.fmt_time(tt)} (JAX {common.fmt_ratio(_div(tt, tj), 2)})'
 
   for mode in s['modes']:
-    lines += [f'### PyTorch {MODE_NAMES[mode]} time (JAX speed-up over '
-              'PyTorch: > 1× means JAX is faster)', '',
+    lines += [f'### Our PyTorch port: {MODE_NAMES[mode]} time (JAX speed-up '
+              'over the port: > 1× means JAX is faster)', '',
               _length_table(idx, mechs, lengths, 'torch', mode, 'time_s',
                             torch_cell), '']
   return lines
+
+
+def _official_section(report, idx, mechs, lengths) -> list[str]:
+  """The official Transformer-LS column: checkout, check, times, ratios."""
+  s = report['settings']
+  info = s.get('official_ls')
+  if not info:
+    return []
+  commit = (f'commit `{info["commit"]}`' if info['commit']
+            else info['commit_note'])
+  lines = ['## Official Transformer-LS (`official_ls`)', '',
+           f'`{info["class"]}` from `{info["file"]}` of {info["repository"]} '
+           f'({commit}; file sha256 `{info["file_sha256"][:16]}…`), run in '
+           'PyTorch on our `long_short` weights (bidirectional, float32, '
+           'dropout off).', '']
+  rows = []
+  labels = [m for m in mechs if m in report['official_checks']]
+  for m in labels:
+    c = report['official_checks'][m]
+    if 'max_abs_diff' in c:
+      padded = c['max_abs_diff_padded_rows']
+      rows.append([f'`{m}`', c['check_length'], f'{c["max_abs_diff"]:.2e}',
+                   f'{c["relative_diff"]:.2e}',
+                   '—' if padded is None else f'{padded:.2e}',
+                   f'{c["tolerance"]:.0e}', c['status']])
+    else:
+      rows.append([f'`{m}`', '—', '—', '—', '—', '—',
+                   f'{c.get("status", "—")}: {c.get("reason", "")[:160]}'])
+  lines += ['Output check on the same weights, LayerNorm scales and biases '
+            'drawn at random, last batch row padded over its final quarter '
+            '(padded rows reported apart: ours outputs zeros there, the '
+            'official code the output bias):', '',
+            common.markdown_table(
+                ['mechanism', 'length', 'max abs(ours − official), real rows',
+                 'relative', 'padded rows', 'tolerance', 'status'], rows),
+            '']
+
+  def official_cell(mode, m, n, t):
+    rec = idx.get((m, 'official', mode, n), {})
+    ratios = [f'{name} {common.fmt_ratio(rec.get(field), 2)}'
+              for name, field in (('/ ours', 'official_over_jax'),
+                                  ('/ port', 'official_over_port'))
+              if rec.get(field) is not None]
+    return common.fmt_time(t) + (f' ({", ".join(ratios)})' if ratios else '')
+
+  for mode in s['modes']:
+    lines += [f'### Official {MODE_NAMES[mode]} time (official time / ours '
+              '(JAX) and / our PyTorch port: > 1× means the official code '
+              'is slower)', '',
+              _length_table(idx, labels, lengths, 'official', mode, 'time_s',
+                            official_cell), '']
+  return lines
+
+
+_BACKEND_LABELS = {'jax': '', 'torch': ' (our PyTorch port)',
+                   'official': ' (official)'}
+_BACKEND_STYLES = {'jax': '-', 'torch': '--', 'official': ':'}
 
 
 def plot(report: Mapping[str, Any], out: str) -> list[str]:
@@ -556,17 +816,17 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
             if v is not None and field == 'net_peak_bytes':
               v = v / common.MIB
             pts.append((n, v))
-          series.append({'label': m + (' (PyTorch)' if backend == 'torch'
-                                       else ''),
+          series.append({'label': m + _BACKEND_LABELS[backend],
                          'points': pts, 'color_key': m,
-                         'style': '--' if backend == 'torch' else '-'})
+                         'style': _BACKEND_STYLES[backend]})
       panels.append({'title': MODE_NAMES[mode], 'ylabel': ylabel,
                      'series': series})
     path = os.path.join(out, f'attention_{name}.png')
     common.plot_panels(
         path, panels, 'sequence length N',
         f'batch {s["batch"]}, D={s["features"]}, {s["heads"]} heads, '
-        f'{s["dtype"]} (solid: JAX, dashed: PyTorch)')
+        f'{s["dtype"]} (solid: JAX, dashed: our PyTorch port, dotted: '
+        'official PyTorch code)')
     paths.append(path)
   return paths
 
@@ -586,6 +846,13 @@ def main(argv: Sequence[str]) -> None:
     f.write(markdown(report) + '\n')
   plot(report, args.out)
   common.log(f'Wrote attention.json, attention.md and plots to {args.out}')
+  failed = failed_official_checks(report)
+  if failed:
+    raise SystemExit('error: the official AttentionLS output check failed ('
+                     + '; '.join(failed) + '); its points were not timed. '
+                     'The mapping of our weights (lra_msmra/benchmark/'
+                     'official_ls.py) or the official checkout differs from '
+                     'what the comparison assumes.')
 
 
 if __name__ == '__main__':
