@@ -749,6 +749,8 @@ def _official_section(report, idx, mechs, lengths) -> list[str]:
     return []
   commit = (f'commit `{info["commit"]}`' if info['commit']
             else info['commit_note'])
+  if info.get('file_modified'):
+    commit += ', with local changes to the file'
   lines = ['## Official Transformer-LS (`official_ls`)', '',
            f'`{info["class"]}` from `{info["file"]}` of {info["repository"]} '
            f'({commit}; file sha256 `{info["file_sha256"][:16]}…`), run in '

@@ -96,16 +96,27 @@ def validate_checkout(path: str) -> str:
   return file
 
 
-def checkout_commit(path: str) -> Optional[str]:
-  """`git rev-parse HEAD` in `path`, or None if it is not a git checkout."""
+def _git(path: str, *args: str) -> Optional[str]:
+  """Output of `git -C path args`, or None if git fails."""
   try:
-    done = subprocess.run(['git', '-C', path, 'rev-parse', 'HEAD'],
-                          capture_output=True, text=True, timeout=30,
-                          check=False)
+    done = subprocess.run(['git', '-C', path, *args], capture_output=True,
+                          text=True, timeout=30, check=False)
   except (OSError, subprocess.TimeoutExpired):
     return None
-  commit = done.stdout.strip()
-  return commit if done.returncode == 0 and commit else None
+  return done.stdout if done.returncode == 0 else None
+
+
+def checkout_commit(path: str) -> Optional[str]:
+  """`git rev-parse HEAD` of checkout `path`, or None if it is not one.
+
+  A folder that merely lies inside another repository (e.g. an archive
+  unpacked into a project) is not a checkout: its top level must be `path`.
+  """
+  top = _git(path, 'rev-parse', '--show-toplevel')
+  if not top or os.path.realpath(top.strip()) != os.path.realpath(path):
+    return None
+  commit = (_git(path, 'rev-parse', 'HEAD') or '').strip()
+  return commit or None
 
 
 def describe_checkout(path: str) -> dict[str, Any]:
@@ -114,11 +125,15 @@ def describe_checkout(path: str) -> dict[str, Any]:
   with open(file, 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   commit = checkout_commit(path)
+  modified = None
+  if commit:
+    status = _git(path, 'status', '--porcelain', '--', RELATIVE_FILE)
+    modified = None if status is None else bool(status.strip())
   return {'repository': REPOSITORY, 'path': os.path.abspath(path),
           'file': RELATIVE_FILE, 'class': CLASS_NAME, 'commit': commit,
           'commit_note': None if commit else
                          'not a git checkout: no commit recorded',
-          'file_sha256': digest}
+          'file_modified': modified, 'file_sha256': digest}
 
 
 def check_knobs(kw: Mapping[str, Any]) -> None:

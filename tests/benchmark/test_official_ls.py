@@ -110,6 +110,9 @@ def test_commit_of_a_git_checkout(tmp_path):
   head = subprocess.run(git + ['rev-parse', 'HEAD'], check=True,
                         capture_output=True, text=True).stdout.strip()
   assert official_ls.checkout_commit(str(tmp_path)) == head
+  # A folder inside a repository is not a checkout of its own.
+  (tmp_path / 'inner').mkdir()
+  assert official_ls.checkout_commit(str(tmp_path / 'inner')) is None
 
 
 # ------------------------------------------------ with torch and checkout
