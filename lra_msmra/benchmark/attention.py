@@ -291,6 +291,17 @@ def _time_torch(payload: Mapping[str, Any], fn: Callable[..., Any],
   return result
 
 
+def _torch_setup(payload: Mapping[str, Any], what: str):
+  """The start of both PyTorch workers: (length, `_setup`'s layer, params,
+  x, mask, g) at the check length or the timed length; float32 only."""
+  if payload['dtype'] != 'float32':
+    raise NotImplementedError(f'The {what} runs in float32 only.')
+  _torch_threads(payload)
+  length = (payload['check_length'] if payload['mode'] == 'check'
+            else payload['length'])
+  return length, _setup(payload, length)
+
+
 def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   """Our PyTorch port (`torch_reference`): its check or one timed point."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -298,12 +309,9 @@ def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   import torch  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
 
-  if payload['dtype'] != 'float32':
-    raise NotImplementedError('The PyTorch comparison runs in float32 only.')
-  _torch_threads(payload)
   mode = payload['mode']
-  length = payload['check_length'] if mode == 'check' else payload['length']
-  layer, params, x, mask, g = _setup(payload, length)
+  length, (layer, params, x, mask, g) = _torch_setup(payload,
+                                                     'PyTorch comparison')
   np_params = jax.device_get(params['params'])
   fn, tensors = torch_reference.build(payload['name'], payload['kw'],
                                       np_params)
@@ -348,13 +356,10 @@ def _official_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
-  if payload['dtype'] != 'float32':
-    raise NotImplementedError('The official comparison runs in float32 only.')
   official_ls.check_knobs(payload['kw'])
-  _torch_threads(payload)
   mode = payload['mode']
-  length = payload['check_length'] if mode == 'check' else payload['length']
-  layer, params, x, mask, g = _setup(payload, length)
+  length, (layer, params, x, mask, g) = _torch_setup(payload,
+                                                     'official comparison')
   if mode == 'check':
     params = _randomize_norms(params)
   module = official_ls.build(

@@ -636,15 +636,20 @@ def plot_panels(path: str, panels: Sequence[Mapping[str, Any]],
     for s in panel['series']:
       if s['color_key'] not in keys:
         keys.append(s['color_key'])
-  colours = {k: plt.get_cmap('tab10')(i % 10) for i, k in enumerate(keys)}
+  # Past ten keys, twenty colours and a second marker shape, so that no two
+  # keys look alike.
+  many = len(keys) > 10
+  colours = {k: plt.get_cmap('tab20' if many else 'tab10')(i % 20)
+             for i, k in enumerate(keys)}
+  markers = {k: 's' if many and i % 2 else 'o' for i, k in enumerate(keys)}
   for ax, panel in zip(axes[0], panels):
     for s in panel['series']:
       pts = sorted(p for p in s['points'] if p[1] is not None)
       if not pts:
         continue
       xs, ys = zip(*pts)
-      ax.plot(xs, ys, s.get('style', '-'), marker='o', markersize=4,
-              color=colours[s['color_key']], label=s['label'])
+      ax.plot(xs, ys, s.get('style', '-'), marker=markers[s['color_key']],
+              markersize=4, color=colours[s['color_key']], label=s['label'])
     ax.set_xscale('log', base=2)
     ax.set_yscale('log')
     ax.set_xlabel(xlabel)
