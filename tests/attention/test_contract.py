@@ -39,17 +39,29 @@ def _harness(name, kw, **fields):
   return harness.AttentionHarness(mechanism=name, kw=kw, **fields)
 
 
-def _build(name, kw, causal=False, **fields):
-  """Returns a harness, or None when the mechanism refuses `causal`."""
+# Inits and applies run jitted: one compiled program per call site instead of
+# one small program per operation and input shape in eager mode, which costs
+# seconds per test for the larger mechanisms. The eager path is exercised once
+# per case, where its output is compared with the jitted one.
+def _init(h, x, mask, seed=0):
+  return jax.jit(lambda k, a, m: h.init(k, a, padding_mask=m))(
+      jax.random.PRNGKey(seed), x, mask)
+
+
+def _jit_apply(h, **kwargs):
+  return jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m, **kwargs))
+
+
+def _build(name, kw, x, mask, causal=False, **fields):
+  """(harness, variables at `x`), or None when the mechanism refuses
+  `causal` (from `check_knobs` or while tracing its call)."""
   h = _harness(name, kw, causal=causal, **fields)
-  x, mask = _inputs(16)
   try:
-    h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+    return h, _init(h, x, mask)
   except NotImplementedError:
     if not causal:
       raise
     return None
-  return h
 
 
 def test_every_registered_mechanism_has_cases():
@@ -65,19 +77,20 @@ def test_unknown_name_lists_valid_names():
 @pytest.mark.parametrize('causal', [False, True])
 @pytest.mark.parametrize('length', LENGTHS)
 def test_shape_jit_determinism_and_padding(name, cid, kw, causal, length):
-  h = _build(name, kw, causal=causal)
-  if h is None:
-    pytest.skip(f'{name} raises NotImplementedError for causal=True')
   x, mask = _inputs(length)
-  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
-  y = h.apply(variables, x, padding_mask=mask)
-  assert y.shape == (BATCH, length, FEATURES)
-  assert bool(jnp.all(jnp.isfinite(y)))
-
-  apply = jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m))
+  built = _build(name, kw, x, mask, causal=causal)
+  if built is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  h, variables = built
+  apply = _jit_apply(h)
   y_jit = apply(variables, x, mask)
-  np.testing.assert_allclose(y_jit, y, rtol=1e-4, atol=1e-5)
+  assert y_jit.shape == (BATCH, length, FEATURES)
+  assert bool(jnp.all(jnp.isfinite(y_jit)))
   np.testing.assert_array_equal(apply(variables, x, mask), y_jit)
+  if length == LENGTHS[-1]:
+    # Eager (op by op) agrees with jit; at one length, as it is slow.
+    y = h.apply(variables, x, padding_mask=mask)
+    np.testing.assert_allclose(y_jit, y, rtol=1e-4, atol=1e-5)
 
   # Padded tokens must not influence real-token outputs.
   noise = 10.0 * jax.random.normal(jax.random.PRNGKey(7), x.shape)
@@ -93,19 +106,19 @@ def test_shape_jit_determinism_and_padding(name, cid, kw, causal, length):
 def test_out_features(name, cid, kw):
   h = _harness(name, kw, out_features=24)
   x, mask = _inputs(16)
-  _, y = harness.init_and_apply(h, x, mask)
+  y = _jit_apply(h)(_init(h, x, mask), x, mask)
   assert y.shape == (BATCH, 16, 24)
 
 
 @pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
 @pytest.mark.parametrize('causal', [False, True])
 def test_gradients_finite(name, cid, kw, causal):
-  h = _build(name, kw, causal=causal)
-  if h is None:
-    pytest.skip(f'{name} raises NotImplementedError for causal=True')
   x, mask = _inputs(16)
   mask = mask.at[1, 4:].set(False)  # long padded run (whole blocks).
-  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  built = _build(name, kw, x, mask, causal=causal)
+  if built is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  h, variables = built
 
   def loss(v, a):
     return jnp.sum(h.apply(v, a, padding_mask=mask) ** 2)
@@ -120,12 +133,12 @@ def test_gradients_finite(name, cid, kw, causal):
 def test_dropout_needs_rng_and_changes_output(name, cid, kw):
   h = _harness(name, kw, dropout_rate=0.5)
   x, mask = _inputs(16)
-  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
-  y_det = h.apply(variables, x, padding_mask=mask, deterministic=True)
-  y_a = h.apply(variables, x, padding_mask=mask, deterministic=False,
-                rngs={'dropout': jax.random.PRNGKey(1)})
-  y_b = h.apply(variables, x, padding_mask=mask, deterministic=False,
-                rngs={'dropout': jax.random.PRNGKey(1)})
+  variables = _init(h, x, mask)
+  y_det = _jit_apply(h, deterministic=True)(variables, x, mask)
+  dropped = jax.jit(lambda v, a, m, r: h.apply(
+      v, a, padding_mask=m, deterministic=False, rngs={'dropout': r}))
+  y_a = dropped(variables, x, mask, jax.random.PRNGKey(1))
+  y_b = dropped(variables, x, mask, jax.random.PRNGKey(1))
   np.testing.assert_array_equal(y_a, y_b)
   assert y_a.shape == y_det.shape
   assert bool(jnp.all(jnp.isfinite(y_a)))
@@ -134,14 +147,14 @@ def test_dropout_needs_rng_and_changes_output(name, cid, kw):
 @pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
 @pytest.mark.parametrize('layers', [1, 2])
 def test_causal_no_future_leakage(name, cid, kw, layers):
-  h = _build(name, kw, causal=True)
-  if h is None:
-    pytest.skip(f'{name} raises NotImplementedError for causal=True')
   length = 16
   x, _ = _inputs(length)
   mask = jnp.ones((BATCH, length), bool)
-  variables = [h.init(jax.random.PRNGKey(i), x, padding_mask=mask)
-               for i in range(layers)]
+  built = _build(name, kw, x, mask, causal=True)
+  if built is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  h, first = built
+  variables = [first] + [_init(h, x, mask, seed=i) for i in range(1, layers)]
 
   def stack(a):
     m = jnp.ones(a.shape[:2], bool)
@@ -169,9 +182,9 @@ def test_bfloat16_runs_and_tracks_float32(name, cid, kw):
   x, mask = _inputs(16)
   h32 = _harness(name, kw)
   h16 = _harness(name, kw, dtype=jnp.bfloat16)
-  variables = h32.init(jax.random.PRNGKey(0), x, padding_mask=mask)
-  y32 = h32.apply(variables, x, padding_mask=mask)
-  y16 = h16.apply(variables, x, padding_mask=mask)
+  variables = _init(h32, x, mask)
+  y32 = _jit_apply(h32)(variables, x, mask)
+  y16 = _jit_apply(h16)(variables, x, mask)
   assert y16.dtype == jnp.bfloat16
   for leaf in jax.tree_util.tree_leaves(variables):
     assert leaf.dtype == jnp.float32
@@ -225,15 +238,14 @@ def test_padded_rows_with_biases(name, cid, kw, causal):
   bias, a convolution term, a span summary) must not show.
   """
   length = 13  # internal padding too, for every mechanism that pads.
-  h = _build(name, kw, causal=causal, use_bias=True)
-  if h is None:
-    pytest.skip(f'{name} raises NotImplementedError for causal=True')
   x = jax.random.normal(jax.random.PRNGKey(5), (3, length, FEATURES))
   mask = _padded_rows_mask(length)
-  variables = h.init(jax.random.PRNGKey(0), x, padding_mask=mask)
+  built = _build(name, kw, x, mask, causal=causal, use_bias=True)
+  if built is None:
+    pytest.skip(f'{name} raises NotImplementedError for causal=True')
+  h, variables = built
   variables = {**variables, 'params': _random_biases(variables['params'])}
-  y = np.asarray(jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m))(
-      variables, x, mask))
+  y = np.asarray(_jit_apply(h)(variables, x, mask))
   padded = ~np.asarray(mask)
   assert np.all(np.isfinite(y))
   if attention.REGISTRY[name].zero_padded_queries:
