@@ -41,13 +41,21 @@ def run_main(config_arg, workdir, *overrides, timeout=600):
                         text=True, timeout=timeout)
 
 
+# 250 steps: the jobs of all fifteen mechanisms end with a test accuracy of
+# 22.8-28.2% against a majority class of 12.6%. Their validation curves
+# (every 50 steps) stay at 23% or more from step 250 to 400; at step 200
+# reformer dips to 18%.
+STEPS = 250
+
+
 @pytest.mark.parametrize('path', CONFIGS)
 def test_runlocal_beats_majority_class(path, tmp_path):
   # One validation and one checkpoint, at the last step: the check is the
   # test accuracy the job reports.
-  proc = run_main(f'{path}:runlocal', tmp_path, '--config.num_train_steps=400',
-                  '--config.eval_every_steps=400',
-                  '--config.checkpoint_every_steps=400')
+  proc = run_main(f'{path}:runlocal', tmp_path,
+                  f'--config.num_train_steps={STEPS}',
+                  f'--config.eval_every_steps={STEPS}',
+                  f'--config.checkpoint_every_steps={STEPS}')
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'Test accuracy' in proc.stdout and 'steps/s' in proc.stdout
   results = json.load(open(tmp_path / 'results.json'))
