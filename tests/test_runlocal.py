@@ -42,9 +42,9 @@ def run_main(config_arg, workdir, *overrides, timeout=600):
 
 
 # 250 steps: the jobs of all fifteen mechanisms end with a test accuracy of
-# 22.8-28.2% against a majority class of 12.6%. Their validation curves
-# (every 50 steps) stay at 23% or more from step 250 to 400; at step 200
-# reformer dips to 18%.
+# 22.8-28.2% against a majority class of 12.6%. The validation curves of
+# twelve of them (every 50 steps) stay at 22% or more from step 250 to 400;
+# at step 200 reformer dips to 18%.
 STEPS = 250
 
 
