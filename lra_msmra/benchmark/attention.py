@@ -302,11 +302,23 @@ def _torch_setup(payload: Mapping[str, Any], what: str):
   return length, _setup(payload, length)
 
 
+def _check_outputs(layer, params, x, mask, torch_fn):
+  """(mask, ours, theirs) on a partly padded batch, which checks the masking
+  as well: our JAX layer and a PyTorch callable `torch_fn(x, mask)`."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  np_mask = _check_mask(mask.shape)
+  y_jax = np.array(layer.apply(params, x, padding_mask=np_mask))
+  with torch.no_grad():
+    y_torch = torch_fn(torch.from_numpy(np.array(x)),
+                       torch.from_numpy(np_mask)).numpy()
+  return np_mask, y_jax, y_torch
+
+
 def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   """Our PyTorch port (`torch_reference`): its check or one timed point."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
 
   mode = payload['mode']
@@ -316,12 +328,7 @@ def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   fn, tensors = torch_reference.build(payload['name'], payload['kw'],
                                       np_params)
   if mode == 'check':
-    # A partly padded batch checks the masking as well.
-    np_mask = _check_mask(mask.shape)
-    y_jax = np.array(layer.apply(params, x, padding_mask=np_mask))
-    with torch.no_grad():
-      y_torch = fn(torch.from_numpy(np.array(x)),
-                   torch.from_numpy(np_mask)).numpy()
+    np_mask, y_jax, y_torch = _check_outputs(layer, params, x, mask, fn)
     diff = float(np.max(np.abs(y_jax - y_torch)))
     scale = float(np.max(np.abs(y_jax)))
     return {'check_length': length, 'max_abs_diff': diff,
@@ -353,8 +360,6 @@ def _randomize_norms(params):
 def _official_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   """The official `AttentionLS` on our weights: its check or a timed point."""
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
 
   official_ls.check_knobs(payload['kw'])
   mode = payload['mode']
@@ -366,11 +371,8 @@ def _official_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
       payload['official_ls'], payload['kw'], jax.device_get(params['params']),
       heads=payload['heads'], features=payload['features'], length=length)
   if mode == 'check':
-    np_mask = _check_mask(mask.shape)
-    y_ours = np.array(layer.apply(params, x, padding_mask=np_mask))
-    with torch.no_grad():
-      y_official = module(torch.from_numpy(np.array(x)),
-                          torch.from_numpy(np_mask)).numpy()
+    np_mask, y_ours, y_official = _check_outputs(layer, params, x, mask,
+                                                 module)
     return {'check_length': length,
             **official_ls.compare(y_ours, y_official, np_mask,
                                   payload['tolerance'])}
