@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
-
 from lra_msmra import attention
 from lra_msmra.attention import standalone
 
@@ -89,9 +87,3 @@ def all_cases():
                          f'{missing}; add them to CONTRACT_CASES.')
   return [(name, cid, kw) for name in sorted(CONTRACT_CASES)
           for cid, kw in CONTRACT_CASES[name]]
-
-
-def init_and_apply(harness: AttentionHarness, x, padding_mask, seed=0):
-  variables = harness.init(jax.random.PRNGKey(seed), x,
-                           padding_mask=padding_mask)
-  return variables, harness.apply(variables, x, padding_mask=padding_mask)
