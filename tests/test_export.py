@@ -1,9 +1,13 @@
-"""Every config's training and evaluation steps lower for TPU and GPU.
+"""Every config validates and its training and evaluation steps lower for TPU
+and GPU, at `runlocal` size.
 
-The trainer's jitted `train_step` (forward, loss, backward, optimizer update,
-state donated) and `eval_step` (`lra_msmra.steps.jit_steps`) of every config
-file of every task folder, at `runlocal` size, in float32 and bfloat16, over
-a data-parallel mesh of 8 (fake CPU) devices, are lowered for TPU and GPU in
+Each config file of every task folder, with the `runlocal` option, is first
+validated as a run validates it (`lra_msmra.validation.trace`; the other
+option strings are validated in tests/test_configs.py), which traces the
+shapes of its train state once. Then the trainer's jitted `train_step`
+(forward, loss, backward, optimizer update, state donated) and `eval_step`
+(`lra_msmra.steps.jit_steps`), in float32 and bfloat16, over a
+data-parallel mesh of 8 (fake CPU) devices, are lowered for TPU and GPU in
 one multi-platform lowering (`.trace(...).lower(lowering_platforms=('tpu',
 'cuda'))`, what `jit` does on those platforms): nothing is compiled or
 allocated. A failure names the config, the dtype, the step, the platform and
@@ -108,6 +112,14 @@ def test_every_task_and_mechanism_is_covered():
 def test_train_and_eval_steps_lower_for_tpu_and_gpu(path, jobs):
   failures = jobs[path].result()
   assert not failures, '\n'.join(failures)
+
+
+def test_an_invalid_config_is_named_before_lowering():
+  path = os.path.join(scaling.CONFIG_ROOT, 'pathx', 'transformer.py')
+  failures = scaling.check_lowering(path, 'xiong')
+  assert len(failures) == 1, failures
+  assert failures[0].startswith(
+      'pathx/transformer.py:xiong not valid: ValueError: '), failures
 
 
 # A primitive with a CPU lowering only: what the test must catch.
