@@ -21,6 +21,10 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   _cache = tempfile.mkdtemp(prefix='lra_msmra_tests_jax_cache_')
   os.environ['JAX_COMPILATION_CACHE_DIR'] = _cache
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+# Every program, however quick to compile (JAX's default skips those under a
+# second, which are nearly all of the tests' small programs): tests that
+# build the same module at the same shapes, in any worker, compile it once.
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
