@@ -4,7 +4,9 @@ XLA_FLAGS must be set before jax is imported anywhere, hence here.
 """
 
 import atexit
+import json
 import os
+import resource
 import shutil
 import tempfile
 
@@ -27,6 +29,7 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update('jax_disable_most_optimizations', True)
 jax.config.update('jax_threefry_partitionable', True)
@@ -45,3 +48,48 @@ def pytest_xdist_auto_num_workers(config):
   except AttributeError:  # Not on Linux.
     cores = os.cpu_count() or 1
   return max(1, min(cores, MAX_WORKERS))
+
+
+# Where the suite's time goes, in CPU seconds, which another load on the
+# machine changes far less than wall time: `--cpu-times PATH` appends one
+# JSON line per test phase, [test id, phase, seconds] (this process and the
+# subprocesses it has waited for), from every worker. `python -m
+# tests.cpu_times PATH` sums them per file and per test.
+def pytest_addoption(parser):
+  parser.addoption('--cpu-times', metavar='PATH', default=None,
+                   help='append the CPU seconds of each test phase to PATH '
+                   '(JSON lines; summary: python -m tests.cpu_times PATH)')
+
+
+def _cpu_seconds() -> float:
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return (own.ru_utime + own.ru_stime + children.ru_utime +
+          children.ru_stime)
+
+
+def _timed_phase(item, phase):
+  path = item.config.getoption('--cpu-times')
+  if not path:
+    yield
+    return
+  start = _cpu_seconds()
+  yield
+  with open(path, 'a') as f:  # One short append per line: workers share it.
+    f.write(json.dumps([item.nodeid, phase,
+                        round(_cpu_seconds() - start, 3)]) + '\n')
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+  yield from _timed_phase(item, 'setup')
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+  yield from _timed_phase(item, 'call')
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+  yield from _timed_phase(item, 'teardown')
