@@ -16,7 +16,8 @@ Loop semantics (compare docs/protocol.md §4.3):
   (LRA skips the final step, P16). The best validation accuracy so far is
   checkpointed separately.
 * At the end the test split is evaluated with the final parameters and with
-  the best-validation parameters; both go to `results.json`. The headline
+  the best-validation parameters (once, when the best validation is at the
+  last step); both go to `results.json`. The headline
   number is the final one under the LRA protocol, the best-validation one
   under the Xiong et al. and CST protocols (P17).
 * A non-finite loss or gradient norm stops the run with an error before any
@@ -448,7 +449,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   def eval_seconds_left(step: int) -> Optional[float]:
     if eval_batch_seconds is None:
       return None
-    # The validations from this step on, then the two test evaluations.
+    # The validations from this step on, then the two test evaluations
+    # (one if the best validation turns out to be the last).
     batches = (_evals_from(step, config) * val_batches +
                2 * test_batches)
     return batches * eval_batch_seconds
@@ -544,8 +546,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if best_restored is None:
       raise RuntimeError(f'No best-validation checkpoint in {workdir}/best.')
     best_step, best_params, _ = best_restored
-    best_test = run_eval(best_params, data.test, -1,
-                         'test, best-validation parameters')
+    if best_step == final_step:
+      # Saved from the final parameters at this step: the same test pass.
+      best_test = final_test
+    else:
+      best_test = run_eval(best_params, data.test, -1,
+                           'test, best-validation parameters')
   finally:
     writer.close()
     ckpt.close()

@@ -69,6 +69,27 @@ def test_smoke_run_writes_everything(finished_run):
   assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
 
 
+def test_the_test_split_is_evaluated_once_when_the_best_is_the_last(
+    tmp_path, monkeypatch):
+  labels = []
+  evaluate = train.evaluate
+
+  def recording(*args, label, **kwargs):
+    labels.append(label)
+    return evaluate(*args, label=label, **kwargs)
+
+  monkeypatch.setattr(train, 'evaluate', recording)
+  # One validation, at the last step: the best-validation parameters are the
+  # final ones.
+  config = helpers.tiny_listops_config(num_train_steps=2, eval_every_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert labels == ['validation at step 2', 'test, final parameters']
+  on_disk = json.load(open(tmp_path / 'results.json'))
+  assert on_disk['best']['step'] == on_disk['final']['step'] == 2
+  for key in ('test_accuracy', 'test_loss'):
+    assert on_disk['best'][key] == on_disk['final'][key]
+
+
 def _metrics(workdir):
   with open(os.path.join(workdir, 'tensorboard', 'metrics.jsonl')) as f:
     return [json.loads(line) for line in f]
