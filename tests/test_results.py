@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from lra_msmra import attention
 from lra_msmra import config_lib
 from lra_msmra import published
 from lra_msmra import results
@@ -321,3 +322,19 @@ def test_each_protocol_prints_its_whole_baseline_table():
     assert all(r in rows for r in table), protocol
   assert any(r.mechanism not in (None, 'softmax')
              for r in published.LRA_LEADERBOARD)
+
+
+def test_lra_table2_as_transcribed_agrees_with_its_printed_ratios():
+  base = published.LRA_TABLE2['softmax']
+  assert set(published.LRA_TABLE2) <= set(attention.REGISTRY)
+  for name, row in published.LRA_TABLE2.items():
+    assert min(row.steps_per_s + row.memory_gb) > 0, name
+    if name == 'softmax':
+      continue
+    for i, printed in enumerate(row.printed_speedup):
+      ratio = row.steps_per_s[i] / base.steps_per_s[i]
+      assert abs(ratio - printed) <= 0.06, (name, i, ratio, printed)
+  assert published.lra_table2_ratios('performer', 3072) == pytest.approx(
+      (8.7 / 2.3, 0.82 / 5.51))
+  assert published.lra_table2_ratios('cst', 1024) is None
+  assert published.lra_table2_ratios('local', 1536) is None

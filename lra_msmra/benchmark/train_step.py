@@ -38,6 +38,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from lra_msmra import config_lib
+from lra_msmra import published
 from lra_msmra.benchmark import common
 
 MODULE = 'lra_msmra.benchmark.train_step'
@@ -276,12 +277,46 @@ def markdown(report: Mapping[str, Any]) -> str:
             common.markdown_table(['mechanism', 'parameters'], [
                 [f'`{m}`', f'{params[m]:,}' if params[m] else '—']
                 for m in mechs]), '']
+  lines += _published_table2(report)
   problems = [r for r in report['records'] if r['status'] != 'ok']
   if problems:
     lines += ['## Points not measured', ''] + [
         f'- `{r["mechanism"]}` N={r["length"]}: {r["status"]}: '
         f'{r.get("reason", "")}' for r in problems] + ['']
   return '\n'.join(lines)
+
+
+def _published_table2(report: Mapping[str, Any]) -> list[str]:
+  """The LRA paper's Table 2 ratios for the models of a Text run measured
+  against softmax (registry names, default knobs); [] otherwise."""
+  s = report['settings']
+  attention = {}
+  for r in report['records']:
+    if r.get('attention') and not r.get('kw'):
+      attention.setdefault(r['mechanism'], r['attention'])
+  if (s['task'] != 'text' or s['options']
+      or attention.get(s['baseline']) != 'softmax'):
+    return []
+  rows = []
+  for m in s['mechanisms']:
+    if m == s['baseline'] or m not in attention:
+      continue
+    cells = [published.lra_table2_ratios(attention[m], n)
+             for n in s['lengths']]
+    if any(cells):
+      rows.append([f'`{m}`'] + [
+          '—' if c is None else f'{c[0]:.2f}× / {c[1]:.2f}×' for c in cells])
+  if not rows:
+    return []
+  return [
+      '## Published: LRA paper, Table 2 (not measured here)', '',
+      'Speed / peak memory relative to the Transformer, computed from the '
+      f'published steps/s and GB. Source: {published.LRA_TABLE2_SOURCE}. A '
+      'different device, batch and implementation, columns matched to the '
+      'nearest thousand tokens: compare how the ratios grow with the '
+      'length, not their values.', '',
+      common.markdown_table(['mechanism'] + [str(n) for n in s['lengths']],
+                            rows), '']
 
 
 def plot(report: Mapping[str, Any], path: str) -> None:

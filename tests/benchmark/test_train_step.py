@@ -57,3 +57,33 @@ def test_config_names():
       'cst_l16.py')
   with pytest.raises(ValueError, match='choose one of'):
     train_step.config_path(root, 'text', 'nope')
+
+
+def _report(task='text', baseline='softmax', lengths=(1024, 4096)):
+  """A report of softmax, performer and cst (no Table 2 row) at `lengths`."""
+  records = [
+      {'mechanism': m, 'attention': m, 'kw': {}, 'length': n, 'status': 'ok',
+       'steps_per_s': 1.0, 'net_peak_bytes': 1 << 20, 'flops': 1e9,
+       'num_params': 10, 'device': {'device_kind': 'cpu', 'backend': 'cpu'}}
+      for m in ('softmax', 'performer', 'cst') for n in lengths]
+  return {
+      'command': 'python -m lra_msmra.benchmark.train_step ...',
+      'settings': {'task': task, 'options': '', 'lengths': list(lengths),
+                   'mechanisms': ['softmax', 'performer', 'cst'],
+                   'baseline': baseline, 'batch': 4, 'repeats': 3,
+                   'warmup': 1},
+      'environment': {'date_utc': 'now', 'cpu': 'x', 'cpu_count': 2,
+                      'versions': {}, 'load_average': [0.0, 0.0, 0.0]},
+      'load_average_end': [0.0, 0.0, 0.0], 'records': records}
+
+
+def test_text_runs_against_softmax_show_the_published_table2_ratios():
+  text = train_step.markdown(_report())
+  section = text[text.index('## Published: LRA paper, Table 2'):]
+  # Performer at 1K and 4K: 9.5 and 8.0 steps/s against the Transformer's
+  # 8.1 and 1.4; 0.37 and 1.06 GB against 0.85 and 9.48.
+  assert '| `performer` | 1.17× / 0.44× | 5.71× / 0.11× |' in section
+  assert '`cst`' not in section and '`softmax`' not in section
+  for other in (_report(task='listops'), _report(baseline='performer'),
+                _report(lengths=(512, 8192))):
+    assert '## Published' not in train_step.markdown(other)
