@@ -99,6 +99,10 @@ def _op_sources(hlo_text: str) -> dict[str, str]:
   return out
 
 
+# Events of the runtime itself (scheduling, completion markers), not operations.
+_RUNTIME_EVENTS = ('ThunkExecutor', 'ThreadpoolListener', 'end: ')
+
+
 def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
                  ) -> Optional[dict[str, float]]:
   """Seconds per part and step from the XLA CPU runtime's trace events."""
@@ -117,13 +121,16 @@ def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
   for plane in space.planes:
     names = {k: v.name for k, v in plane.event_metadata.items()}
     for line in plane.lines:
-      if 'XLAEigen' not in line.name:  # XLA CPU's compute threads
+      # XLA CPU runs an executable's operations on its Eigen pool and on
+      # the client's own threads; which one takes an operation varies from
+      # run to run, so both count.
+      if 'XLAEigen' not in line.name and 'XLAPjRtCpuClient' not in line.name:
         continue
       for event in line.events:
         name = names.get(event.metadata_id, '')
         if name in sources:
           parts[part_of(sources[name])] += event.duration_ps / 1e12 / steps
-        elif not name.startswith('ThunkExecutor'):
+        elif not name.startswith(_RUNTIME_EVENTS):
           parts['other'] += event.duration_ps / 1e12 / steps
   return dict(parts) if parts else None
 
