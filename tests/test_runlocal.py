@@ -48,8 +48,18 @@ def run_main(config_arg, workdir, *overrides, timeout=600):
 STEPS = 250
 
 
+@pytest.fixture(scope='module')
+def generated_data(tmp_path_factory):
+  """One folder for the generated expressions of every job in this worker:
+  the runlocal configs share one generator setting, and the first job writes
+  it (once, atomically) for the others to read."""
+  return tmp_path_factory.mktemp('runlocal_data')
+
+
 @pytest.mark.parametrize('path', CONFIGS)
-def test_runlocal_beats_majority_class(path, tmp_path):
+def test_runlocal_beats_majority_class(path, tmp_path, generated_data):
+  # The job generates its data into <workdir>/data.
+  os.symlink(generated_data, tmp_path / 'data')
   # One validation and one checkpoint, at the last step: the check is the
   # test accuracy the job reports.
   proc = run_main(f'{path}:runlocal', tmp_path,

@@ -13,6 +13,9 @@ attends uniformly to every position), because the LRA protocol reads them
 mechanism and case, bidirectional and causal.
 """
 
+import functools
+from typing import Any, Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,8 +24,13 @@ import pytest
 from lra_msmra import attention
 from tests.attention import harness
 
-CASES = harness.all_cases()
-IDS = [f'{name}-{cid}' for name, cid, _ in CASES]
+KNOBS = {(name, cid): kw for name, cid, kw in harness.all_cases()}
+# All the tests of one case run on one worker (pytest-xdist's `--dist
+# loadgroup`, set in pytest.ini), where they share its compiled programs
+# (`_case`).
+CASES = [pytest.param(name, cid, id=f'{name}-{cid}',
+                      marks=pytest.mark.xdist_group(f'contract-{name}-{cid}'))
+         for name, cid in KNOBS]
 BATCH, FEATURES = 2, 32
 LENGTHS = (16, 13)  # 13: not a multiple of any block size.
 
@@ -35,29 +43,41 @@ def _inputs(length, seed=0):
   return x, jnp.asarray(mask)
 
 
-def _harness(name, kw, **fields):
-  return harness.AttentionHarness(mechanism=name, kw=kw, **fields)
+class Case(NamedTuple):
+  """A harness and its jitted init and apply."""
+  h: Any
+  init: Callable[..., Any]  # (key, x, mask) -> variables
+  apply: Callable[..., Any]  # (variables, x, mask) -> output
 
 
 # Inits and applies run jitted: one compiled program per call site instead of
 # one small program per operation and input shape in eager mode, which costs
 # seconds per test for the larger mechanisms. The eager path is exercised once
-# per case, where its output is compared with the jitted one.
-def _init(h, x, mask, seed=0):
-  return jax.jit(lambda k, a, m: h.init(k, a, padding_mask=m))(
-      jax.random.PRNGKey(seed), x, mask)
+# per case, where its output is compared with the jitted one. One pair of
+# jitted functions per harness: the tests of a case that init or apply the
+# same harness at the same shapes trace and compile it once.
+@functools.cache
+def _case_of(name, cid, fields):
+  h = harness.AttentionHarness(mechanism=name, kw=KNOBS[name, cid],
+                               **dict(fields))
+  return Case(h, jax.jit(lambda k, a, m: h.init(k, a, padding_mask=m)),
+              jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m)))
 
 
-def _jit_apply(h, **kwargs):
-  return jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m, **kwargs))
+def _case(name, cid, **fields) -> Case:
+  return _case_of(name, cid, tuple(sorted(fields.items())))
 
 
-def _build(name, kw, x, mask, causal=False, **fields):
-  """(harness, variables at `x`), or None when the mechanism refuses
-  `causal` (from `check_knobs` or while tracing its call)."""
-  h = _harness(name, kw, causal=causal, **fields)
+def _init(case, x, mask, seed=0):
+  return case.init(jax.random.PRNGKey(seed), x, mask)
+
+
+def _build(name, cid, x, mask, causal=False, **fields):
+  """(case, variables at `x`), or None when the mechanism refuses `causal`
+  (from `check_knobs` or while tracing its call)."""
+  case = _case(name, cid, causal=causal, **fields)
   try:
-    return h, _init(h, x, mask)
+    return case, _init(case, x, mask)
   except NotImplementedError:
     if not causal:
       raise
@@ -73,16 +93,16 @@ def test_unknown_name_lists_valid_names():
     attention.get_attention('no_such_attention')
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('name,cid', CASES)
 @pytest.mark.parametrize('causal', [False, True])
 @pytest.mark.parametrize('length', LENGTHS)
-def test_shape_jit_determinism_and_padding(name, cid, kw, causal, length):
+def test_shape_jit_determinism_and_padding(name, cid, causal, length):
   x, mask = _inputs(length)
-  built = _build(name, kw, x, mask, causal=causal)
+  built = _build(name, cid, x, mask, causal=causal)
   if built is None:
     pytest.skip(f'{name} raises NotImplementedError for causal=True')
-  h, variables = built
-  apply = _jit_apply(h)
+  case, variables = built
+  h, apply = case.h, case.apply
   y_jit = apply(variables, x, mask)
   assert y_jit.shape == (BATCH, length, FEATURES)
   assert bool(jnp.all(jnp.isfinite(y_jit)))
@@ -102,11 +122,11 @@ def test_shape_jit_determinism_and_padding(name, cid, kw, causal, length):
                              rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
-def test_out_features(name, cid, kw):
+@pytest.mark.parametrize('name,cid', CASES)
+def test_out_features(name, cid):
   # Shapes only, traced and not compiled: out_features changes the width of
   # the output projection, whose computation the other tests run.
-  h = _harness(name, kw, out_features=24)
+  h = _case(name, cid, out_features=24).h
   x, mask = _inputs(16)
   variables = jax.eval_shape(
       lambda k: h.init(k, x, padding_mask=mask), jax.random.PRNGKey(0))
@@ -114,15 +134,16 @@ def test_out_features(name, cid, kw):
   assert y.shape == (BATCH, 16, 24)
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('name,cid', CASES)
 @pytest.mark.parametrize('causal', [False, True])
-def test_gradients_finite(name, cid, kw, causal):
+def test_gradients_finite(name, cid, causal):
   x, mask = _inputs(16)
   mask = mask.at[1, 4:].set(False)  # long padded run (whole blocks).
-  built = _build(name, kw, x, mask, causal=causal)
+  built = _build(name, cid, x, mask, causal=causal)
   if built is None:
     pytest.skip(f'{name} raises NotImplementedError for causal=True')
-  h, variables = built
+  h = built[0].h
+  variables = built[1]
 
   def loss(v, a):
     return jnp.sum(h.apply(v, a, padding_mask=mask) ** 2)
@@ -133,14 +154,16 @@ def test_gradients_finite(name, cid, kw, causal):
              for g in jax.tree_util.tree_leaves(gv['params']))
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
-def test_dropout_needs_rng_and_changes_output(name, cid, kw):
-  h = _harness(name, kw, dropout_rate=0.5)
+@pytest.mark.parametrize('name,cid', CASES)
+def test_dropout_needs_rng_and_changes_output(name, cid):
+  h = _case(name, cid, dropout_rate=0.5).h
   x, mask = _inputs(16)
   # Dropout has no variables: the ones of the same harness without it (the
-  # program other tests compile, found in the compilation cache).
-  variables = _init(_harness(name, kw), x, mask)
-  y_det = _jit_apply(h, deterministic=True)(variables, x, mask)
+  # program other tests of the case compile).
+  variables = _init(_case(name, cid), x, mask)
+  y_det = jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m,
+                                          deterministic=True))(
+                                              variables, x, mask)
   dropped = jax.jit(lambda v, a, m, r: h.apply(
       v, a, padding_mask=m, deterministic=False, rngs={'dropout': r}))
   y_a = dropped(variables, x, mask, jax.random.PRNGKey(1))
@@ -150,17 +173,18 @@ def test_dropout_needs_rng_and_changes_output(name, cid, kw):
   assert bool(jnp.all(jnp.isfinite(y_a)))
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
-def test_causal_no_future_leakage(name, cid, kw):
+@pytest.mark.parametrize('name,cid', CASES)
+def test_causal_no_future_leakage(name, cid):
   """After one layer and after a residual stack of two (one program)."""
   length = 16
   x, _ = _inputs(length)
   mask = jnp.ones((BATCH, length), bool)
-  built = _build(name, kw, x, mask, causal=True)
+  built = _build(name, cid, x, mask, causal=True)
   if built is None:
     pytest.skip(f'{name} raises NotImplementedError for causal=True')
-  h, first = built
-  variables = [first, _init(h, x, mask, seed=1)]
+  case, first = built
+  h = case.h
+  variables = [first, _init(case, x, mask, seed=1)]
 
   @jax.jit
   def stack(a):  # [layers, B, N, D]: the output after each layer.
@@ -186,14 +210,13 @@ def test_causal_no_future_leakage(name, cid, kw):
   np.testing.assert_array_equal(y2[:, :, :11], y[:, :, :11])
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
-def test_bfloat16_runs_and_tracks_float32(name, cid, kw):
+@pytest.mark.parametrize('name,cid', CASES)
+def test_bfloat16_runs_and_tracks_float32(name, cid):
   x, mask = _inputs(16)
-  h32 = _harness(name, kw)
-  h16 = _harness(name, kw, dtype=jnp.bfloat16)
-  variables = _init(h32, x, mask)
-  y32 = _jit_apply(h32)(variables, x, mask)
-  y16 = _jit_apply(h16)(variables, x, mask)
+  c32 = _case(name, cid)
+  variables = _init(c32, x, mask)
+  y32 = c32.apply(variables, x, mask)
+  y16 = _case(name, cid, dtype=jnp.bfloat16).apply(variables, x, mask)
   assert y16.dtype == jnp.bfloat16
   for leaf in jax.tree_util.tree_leaves(variables):
     assert leaf.dtype == jnp.float32
@@ -237,9 +260,9 @@ def test_only_the_softmax_baseline_keeps_lra_padded_rows():
   assert keeps == {'softmax'}
 
 
-@pytest.mark.parametrize('name,cid,kw', CASES, ids=IDS)
+@pytest.mark.parametrize('name,cid', CASES)
 @pytest.mark.parametrize('causal', [False, True])
-def test_padded_rows_with_biases(name, cid, kw, causal):
+def test_padded_rows_with_biases(name, cid, causal):
   """The padded-row rule (module docstring), with every bias non-zero.
 
   Left padding covering whole blocks, an inner run, a trailing position and
@@ -249,12 +272,12 @@ def test_padded_rows_with_biases(name, cid, kw, causal):
   length = 13  # internal padding too, for every mechanism that pads.
   x = jax.random.normal(jax.random.PRNGKey(5), (3, length, FEATURES))
   mask = _padded_rows_mask(length)
-  built = _build(name, kw, x, mask, causal=causal, use_bias=True)
+  built = _build(name, cid, x, mask, causal=causal, use_bias=True)
   if built is None:
     pytest.skip(f'{name} raises NotImplementedError for causal=True')
-  h, variables = built
+  case, variables = built
   variables = {**variables, 'params': _random_biases(variables['params'])}
-  y = np.asarray(_jit_apply(h)(variables, x, mask))
+  y = np.asarray(case.apply(variables, x, mask))
   padded = ~np.asarray(mask)
   assert np.all(np.isfinite(y))
   if attention.REGISTRY[name].zero_padded_queries:
