@@ -142,8 +142,8 @@ def test_gradients_finite(name, cid, causal):
   built = _build(name, cid, x, mask, causal=causal)
   if built is None:
     pytest.skip(f'{name} raises NotImplementedError for causal=True')
-  h = built[0].h
-  variables = built[1]
+  case, variables = built
+  h = case.h
 
   def loss(v, a):
     return jnp.sum(h.apply(v, a, padding_mask=mask) ** 2)
@@ -156,14 +156,13 @@ def test_gradients_finite(name, cid, causal):
 
 @pytest.mark.parametrize('name,cid', CASES)
 def test_dropout_needs_rng_and_changes_output(name, cid):
-  h = _case(name, cid, dropout_rate=0.5).h
+  case = _case(name, cid, dropout_rate=0.5)
+  h = case.h
   x, mask = _inputs(16)
   # Dropout has no variables: the ones of the same harness without it (the
   # program other tests of the case compile).
   variables = _init(_case(name, cid), x, mask)
-  y_det = jax.jit(lambda v, a, m: h.apply(v, a, padding_mask=m,
-                                          deterministic=True))(
-                                              variables, x, mask)
+  y_det = case.apply(variables, x, mask)  # deterministic=True, the default.
   dropped = jax.jit(lambda v, a, m, r: h.apply(
       v, a, padding_mask=m, deterministic=False, rngs={'dropout': r}))
   y_a = dropped(variables, x, mask, jax.random.PRNGKey(1))
