@@ -10,8 +10,14 @@ import resource
 import shutil
 import tempfile
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+from tests import helpers  # Imports no JAX.
+
+os.environ.setdefault('XLA_FLAGS', helpers.xla_flags(8))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# XLA's cheapest optimisation level, in this process and every process the
+# tests start: their programs are small, so compiling is nearly all of
+# their time.
+os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 
 # One on-disk JAX compilation cache per test session, shared by the test
 # workers and every process the tests start (they inherit the environment):
@@ -31,7 +37,6 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-jax.config.update('jax_disable_most_optimizations', True)
 jax.config.update('jax_threefry_partitionable', True)
 
 

@@ -66,7 +66,7 @@ def test_locked_workdir_is_one_line_without_traceback(tmp_path):
             'pid_namespace': workdir_lock._pid_namespace()}  # pylint: disable=protected-access
   (tmp_path / workdir_lock.LOCK_FILE).write_text(json.dumps(holder))
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
-  env['XLA_FLAGS'] = '--xla_force_host_platform_device_count=1'
+  env['XLA_FLAGS'] = helpers.xla_flags(1)
   proc = subprocess.run(
       [sys.executable, '-m', 'lra_msmra.main', '--config',
        'tests/configs/tiny_listops.py', '--workdir', str(tmp_path)],

@@ -30,7 +30,7 @@ CONFIG = 'tests/configs/tiny_listops.py'
 
 def _env(devices):
   env = dict(os.environ)
-  env['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={devices}'
+  env['XLA_FLAGS'] = helpers.xla_flags(devices)
   env['TF_CPP_MIN_LOG_LEVEL'] = '3'
   env['PYTHONUNBUFFERED'] = '1'
   return env

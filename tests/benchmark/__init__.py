@@ -16,8 +16,8 @@ def run_benchmark(module: str, mechanisms, lengths, out, *args: str) -> None:
   cmd = [sys.executable, '-m', module, '--mechanisms', ','.join(mechanisms),
          '--lengths', ','.join(map(str, lengths)), *args,
          '--memory_budget_gb', '8', '--out', str(out)]
-  # Workers are separate processes: fast compiles through the environment.
-  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='1')
+  # The command and its worker processes inherit the tests' fast-compile
+  # settings (tests/conftest.py).
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                        timeout=600, env=env)
+                        timeout=600)
   assert done.returncode == 0, done.stderr[-3000:]
