@@ -13,8 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # test processes and every process they start) the training step of
 # tests/configs/tiny_listops.py compiles in about a third of the CPU time
 # (1.2 against 3.7 s). They change how XLA generates code, not the
-# operations it runs; runs of the user's own settings (tests/test_runlocal.py)
-# leave them out.
+# operations it runs. The checks of the user's command with the user's
+# settings (tests/test_runlocal.py, tests/test_reproducibility.py) leave both
+# out.
 FAST_COMPILE_XLA_FLAGS = ('--xla_cpu_parallel_codegen_split_count=1 '
                           '--xla_cpu_use_fusion_emitters=false')
 
