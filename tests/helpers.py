@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (1.2 against 3.7 s). They change how XLA generates code, not the
 # operations it runs. The checks of the user's command with the user's
 # settings (tests/test_runlocal.py, tests/test_reproducibility.py) leave both
-# out.
+# out (`user_env`).
 FAST_COMPILE_XLA_FLAGS = ('--xla_cpu_parallel_codegen_split_count=1 '
                           '--xla_cpu_use_fusion_emitters=false')
 
@@ -24,6 +24,16 @@ def xla_flags(devices: int) -> str:
   """XLA_FLAGS for a test process with `devices` fake CPU devices."""
   return (f'--xla_force_host_platform_device_count={devices} '
           f'{FAST_COMPILE_XLA_FLAGS}')
+
+
+def user_env() -> dict[str, str]:
+  """This process's environment without the tests' XLA settings (fake
+  devices, fast compiles), for a command run as a user runs it; TensorFlow's
+  C++ logging stays quiet."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_DISABLE_MOST_OPTIMIZATIONS')}
+  env['TF_CPP_MIN_LOG_LEVEL'] = '3'
+  return env
 
 
 def load_config(relpath, arg=None):

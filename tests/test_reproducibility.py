@@ -28,10 +28,7 @@ def test_first_steps_of_xiong_listops_are_bit_identical(tmp_path):
   listops.generate_dataset(str(data), num_train=96, num_valid=32,
                            num_test=32, min_length=20, max_length=120,
                            max_depth=5, max_args=5, seed=0)
-  # The user's XLA settings, not the tests' fast-compile ones.
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_DISABLE_MOST_OPTIMIZATIONS')}
-  env['TF_CPP_MIN_LOG_LEVEL'] = '3'
+  env = helpers.user_env()  # The user's XLA settings.
   losses = []
   for name in ('a', 'b'):
     cmd = [sys.executable, '-m', 'lra_msmra.main', '--config',

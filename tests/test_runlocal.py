@@ -34,9 +34,7 @@ def test_every_mechanism_has_a_runlocal_check():
 def run_main(config_arg, workdir, *overrides, timeout=600):
   """Runs the CLI in a clean single-device process with the user's XLA
   settings (not the tests' fast-compile ones); returns the process."""
-  env = {k: v for k, v in os.environ.items()
-         if k not in ('XLA_FLAGS', 'JAX_DISABLE_MOST_OPTIMIZATIONS')}
-  env['TF_CPP_MIN_LOG_LEVEL'] = '3'
+  env = helpers.user_env()
   cmd = [sys.executable, '-m', 'lra_msmra.main', '--config', config_arg,
          '--workdir', str(workdir), *overrides]
   return subprocess.run(cmd, cwd=helpers.ROOT, env=env, capture_output=True,
