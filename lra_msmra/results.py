@@ -108,21 +108,27 @@ def _legacy_notes(run: Mapping[str, Any]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def official_settings(task: str, protocol: str, configs_root: str = CONFIGS
                       ) -> tuple[tuple[str, Mapping[str, Any]], ...]:
-  """(label, config setting) of every config file of `task` under the
-  protocol's option and no override, e.g. ('cst', ...), ('long_short:best',
-  ...). Settings leave the data source out (it is reported on its own)."""
+  """(label, config setting, official) of every config file of `task` under
+  the protocol's option and no override, e.g. ('cst', ..., True),
+  ('long_short:best', ..., True), and of its `runlocal` form, e.g.
+  ('cst:runlocal', ..., False): a runlocal job is a config file of the
+  repository but never a result (docs/runlocal.md). Settings leave the data
+  source out (it is reported on its own)."""
   folder = os.path.join(configs_root, task)
   if not os.path.isdir(folder):
     return ()
   option = '' if protocol == 'lra' else protocol
+  base = os.path.join(folder, 'base.py')
+  task_options = (getattr(config_lib.load_sibling(base, 'base'), 'OPTIONS', ())
+                  if os.path.exists(base) else ())
   out = []
   for name in sorted(os.listdir(folder)):
     if not name.endswith('.py') or name == 'base.py':
       continue
     stem = name[:-3]
     module = config_lib.load_sibling(os.path.join(folder, name), stem)
-    allowed = getattr(module, 'OPTIONS', ())
-    for extra in ('', 'best'):
+    allowed = (*getattr(module, 'OPTIONS', ()), *task_options)
+    for extra in ('', 'best', 'runlocal'):
       if extra and extra not in allowed:
         continue
       arg = ','.join(o for o in (option, extra) if o)
@@ -132,7 +138,8 @@ def official_settings(task: str, protocol: str, configs_root: str = CONFIGS
         continue
       config_setting = fingerprint_lib.setting(json.loads(config.to_json()),
                                                {})
-      out.append((stem + (f':{extra}' if extra else ''), config_setting))
+      out.append((stem + (f':{extra}' if extra else ''), config_setting,
+                  extra != 'runlocal'))
   return tuple(out)
 
 
@@ -146,26 +153,31 @@ def label_runs(runs: Sequence[dict[str, Any]],
   """Sets each run's `mechanism` (row label), `official` and `changes`.
 
   A run whose setting (seed, paths and logging aside) equals a config file's
-  under its protocol has that file's name as label and `official=True`.
-  Otherwise the label is the closest config file of the same attention plus
-  what differs from it, e.g. `cst (data.max_length=4000)`; without any
-  config file to compare with, the attention name and its knobs.
+  under its protocol has that file's name as label and `official=True`. A
+  run that equals a config file's `runlocal` form is labelled so, e.g.
+  `cst:runlocal`, with `official=False`. Otherwise the label is the closest
+  config file of the same attention plus what differs from it, e.g. `cst
+  (data.max_length=4000)`; without any config file to compare with, the
+  attention name and its knobs.
   """
   for run in runs:
     ours = _config_part(run['setting'])
     candidates = [
-        (label, ref) for label, ref in
+        (label, ref, official) for label, ref, official in
         official_settings(run['task'], run['protocol'], configs_root)
         if ref.get('model.attention') == run['attention']]
-    run['official'] = False
+    run['official'] = run['runlocal'] = False
     run['changes'] = []
-    match = next((label for label, ref in candidates if ref == ours), None)
+    match = next(((label, official) for label, ref, official in candidates
+                  if ref == ours), None)
     if match is not None:
-      run['mechanism'] = match
-      run['official'] = True
+      run['mechanism'], run['official'] = match
+      if not run['official']:
+        run['runlocal'] = True
+        run['changes'] = ['the runlocal option']
       continue
     if candidates:
-      label, ref = min(candidates, key=lambda c: len(
+      label, ref, _ = min(candidates, key=lambda c: len(
           fingerprint_lib.differences(ours, c[1])))
       run['changes'] = fingerprint_lib.differences(ours, ref)
       run['mechanism'] = f'{label} ({", ".join(run["changes"])})'
@@ -210,6 +222,8 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
            'attention': first['attention'], 'data': dlabel,
            'data_kind': first['data_source'].get('kind'),
            'official': all(r['official'] for t in tasks.values() for r in t),
+           'runlocal': all(r.get('runlocal') for t in tasks.values()
+                           for r in t),
            'tasks': {}}
     for task, task_runs in tasks.items():
       acc = [100.0 * r['test_accuracy'] for r in task_runs]
@@ -268,7 +282,8 @@ def markdown(rows: Sequence[Mapping[str, Any]],
              runs: Sequence[Mapping[str, Any]] = ()) -> str:
   """The tables: per protocol, official-config rows beside the published
   ones, then rows with changed settings (not comparable with those), then
-  mock-data rows (plumbing checks, under no protocol); then every run."""
+  `runlocal` jobs and mock-data rows (quick and plumbing checks, under no
+  published heading); then every run."""
   header = (['Model', 'Protocol', 'Source']
             + [published.TASK_TITLES[t] for t in TASKS] + ['Avg'])
   lines = ['# LRA results', '',
@@ -280,7 +295,8 @@ def markdown(rows: Sequence[Mapping[str, Any]],
            'runs of an unmodified config file of the repository, on '
            'released or generated data, are listed beside the published '
            'numbers; generated data is named in the row.', '']
-  real = [r for r in rows if r['data_kind'] in ('release', 'generated')]
+  real = [r for r in rows if r['data_kind'] in ('release', 'generated')
+          and not r.get('runlocal')]
   for protocol in sorted({r['protocol'] for r in real}, key=_protocol_order):
     title = published.PROTOCOL_TITLES.get(protocol, protocol)
     official = [r for r in real if r['protocol'] == protocol and
@@ -326,6 +342,16 @@ def markdown(rows: Sequence[Mapping[str, Any]],
                 'the config file these runs differ from and what differs.',
                 '', _table(header, [[_ours(r), title, 'this repo, changed']
                                     + _score_cells(r) for r in changed]), '']
+  quick = [r for r in rows if r.get('runlocal')
+           and r['data_kind'] in ('release', 'generated')]
+  if quick:
+    lines += ['## `runlocal` jobs: quick checks, not results', '',
+              'Small models trained for minutes on small generated data (the '
+              '`runlocal` option of a config file, docs/runlocal.md); never '
+              'comparable with any published number.', '',
+              _table(header, [[_ours(r), published.PROTOCOL_TITLES.get(
+                  r['protocol'], r['protocol']), 'this repo, runlocal']
+                              + _score_cells(r) for r in quick]), '']
   mock = [r for r in rows if r['data_kind'] not in ('release', 'generated')]
   if mock:
     lines += ['## Mock or unknown data: plumbing checks, not results', '',

@@ -17,11 +17,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _write_run(folder, task, config_name, protocol, acc, seed,
-               steps_per_sec=10.0, overrides=None, source='release'):
+               steps_per_sec=10.0, overrides=None, source='release',
+               extra_option=None):
   """A results.json shaped like lra_msmra.train's, with the real config of
-  configs/<task>/<config_name>.py under `protocol` plus dotted overrides."""
+  configs/<task>/<config_name>.py under `protocol` (plus `extra_option`,
+  e.g. 'runlocal') plus dotted overrides."""
   os.makedirs(folder, exist_ok=True)
-  option = None if protocol == 'lra' else protocol
+  option = ','.join(o for o in (None if protocol == 'lra' else protocol,
+                                extra_option) if o) or None
   module = config_lib.load_sibling(
       os.path.join(ROOT, 'configs', task, config_name + '.py'), config_name)
   config = module.get_config(option)
@@ -239,6 +242,29 @@ def test_generated_listops_is_marked_and_options_are_recognised(tmp_path):
   text = results.markdown(results.aggregate(runs), runs)
   assert '**long_short** (ours; generated data, seed 0)' in text
   assert '37.50' in text  # the Transformer-LS paper's ListOps number.
+
+
+def test_runlocal_jobs_are_named_and_kept_from_every_protocol_table(
+    tmp_path):
+  root = tmp_path / 'runs'
+  _write_run(root / 'quick', 'listops', 'cst', 'lra', 0.31, 0,
+             source='generated', extra_option='runlocal')
+  _write_run(root / 'quick_xiong', 'listops', 'cst', 'xiong', 0.29, 0,
+             source='generated', extra_option='runlocal')
+  _write_run(root / 'full', 'listops', 'cst', 'lra', 0.37, 0)
+  runs = _labelled(root)
+  by_path = {os.path.basename(os.path.dirname(r['path'])): r for r in runs}
+  assert [(by_path[k]['mechanism'], by_path[k]['official'],
+           by_path[k]['runlocal']) for k in ('quick', 'quick_xiong')] == [
+               ('cst:runlocal', False, True)] * 2
+  assert by_path['full']['official'] and not by_path['full']['runlocal']
+  sections = _sections(results.markdown(results.aggregate(runs), runs))
+  quick = sections['`runlocal` jobs: quick checks, not results']
+  assert '31.00' in quick and '29.00' in quick and '37.00' not in quick
+  assert '**cst:runlocal** (ours; generated data, seed 0)' in quick
+  for title, text in sections.items():
+    if title.startswith(('Protocol:', 'LRA official', 'Xiong')):
+      assert '31.00' not in text and '29.00' not in text, title
 
 
 def _write_metrics(folder, steps, repeat_from=None):
