@@ -322,19 +322,23 @@ def test_suite_without_data_stops_before_running(tmp_path):
   assert 'lra_msmra.main' not in done.stdout
 
 
-def test_committed_listops_results_rebuild_from_their_copy(tmp_path):
-  """docs/results.md's ListOps table is what the documented command builds
-  from the committed run files."""
-  committed = os.path.join(ROOT, 'docs', 'results', 'listops_xiong')
+@pytest.mark.parametrize('folder,doc_name', [
+    ('listops_xiong', 'results.md'), ('listops_runlocal', 'runlocal.md')])
+def test_committed_results_rebuild_from_their_copy(folder, doc_name,
+                                                   tmp_path):
+  """The tables of docs/results.md (full-size ListOps runs) and
+  docs/runlocal.md (the suite of runlocal jobs) are what their documented
+  command builds from the committed run files."""
+  committed = os.path.join(ROOT, 'docs', 'results', folder)
   runs = tmp_path / 'runs'
   shutil.copytree(os.path.join(committed, 'runs'), runs)
-  doc = tmp_path / 'results.md'
-  shutil.copy(os.path.join(ROOT, 'docs', 'results.md'), doc)
+  doc = tmp_path / doc_name
+  shutil.copy(os.path.join(ROOT, 'docs', doc_name), doc)
   results.main(['results', '--runs', str(runs), '--out', str(tmp_path / 'o'),
                 '--doc', str(doc)])
   with open(os.path.join(committed, 'summary', 'results.md')) as f:
     assert (tmp_path / 'o' / 'results.md').read_text() == f.read()
-  with open(os.path.join(ROOT, 'docs', 'results.md')) as f:
+  with open(os.path.join(ROOT, 'docs', doc_name)) as f:
     assert doc.read_text() == f.read()
 
 
