@@ -107,7 +107,7 @@ def _legacy_notes(run: Mapping[str, Any]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def official_settings(task: str, protocol: str, configs_root: str = CONFIGS
-                      ) -> tuple[tuple[str, Mapping[str, Any]], ...]:
+                      ) -> tuple[tuple[str, Mapping[str, Any], bool], ...]:
   """(label, config setting, official) of every config file of `task` under
   the protocol's option and no override, e.g. ('cst', ..., True),
   ('long_short:best', ..., True), and of its `runlocal` form, e.g.
@@ -150,7 +150,8 @@ def _config_part(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def label_runs(runs: Sequence[dict[str, Any]],
                configs_root: str = CONFIGS) -> None:
-  """Sets each run's `mechanism` (row label), `official` and `changes`.
+  """Sets each run's `mechanism` (row label), `official`, `runlocal` and
+  `changes`.
 
   A run whose setting (seed, paths and logging aside) equals a config file's
   under its protocol has that file's name as label and `official=True`. A
