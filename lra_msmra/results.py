@@ -279,6 +279,10 @@ def _protocol_order(protocol: str) -> int:
   return titles.index(protocol) if protocol in titles else len(titles)
 
 
+# Data sources whose examples are the task's own (`data_label`).
+REAL_DATA_KINDS = ('release', 'generated')
+
+
 def markdown(rows: Sequence[Mapping[str, Any]],
              runs: Sequence[Mapping[str, Any]] = ()) -> str:
   """The tables: per protocol, official-config rows beside the published
@@ -296,8 +300,10 @@ def markdown(rows: Sequence[Mapping[str, Any]],
            'runs of an unmodified config file of the repository, on '
            'released or generated data, are listed beside the published '
            'numbers; generated data is named in the row.', '']
-  real = [r for r in rows if r['data_kind'] in ('release', 'generated')
-          and not r.get('runlocal')]
+  # Rows on real examples (released or generated), split into full runs and
+  # runlocal jobs; the rest is mock data.
+  on_real = [r for r in rows if r['data_kind'] in REAL_DATA_KINDS]
+  real = [r for r in on_real if not r.get('runlocal')]
   for protocol in sorted({r['protocol'] for r in real}, key=_protocol_order):
     title = published.PROTOCOL_TITLES.get(protocol, protocol)
     official = [r for r in real if r['protocol'] == protocol and
@@ -343,8 +349,7 @@ def markdown(rows: Sequence[Mapping[str, Any]],
                 'the config file these runs differ from and what differs.',
                 '', _table(header, [[_ours(r), title, 'this repo, changed']
                                     + _score_cells(r) for r in changed]), '']
-  quick = [r for r in rows if r.get('runlocal')
-           and r['data_kind'] in ('release', 'generated')]
+  quick = [r for r in on_real if r.get('runlocal')]
   if quick:
     lines += ['## `runlocal` jobs: quick checks, not results', '',
               'Small models trained for minutes on small generated data (the '
@@ -353,7 +358,7 @@ def markdown(rows: Sequence[Mapping[str, Any]],
               _table(header, [[_ours(r), published.PROTOCOL_TITLES.get(
                   r['protocol'], r['protocol']), 'this repo, runlocal']
                               + _score_cells(r) for r in quick]), '']
-  mock = [r for r in rows if r['data_kind'] not in ('release', 'generated')]
+  mock = [r for r in rows if r['data_kind'] not in REAL_DATA_KINDS]
   if mock:
     lines += ['## Mock or unknown data: plumbing checks, not results', '',
               'Examples that only have the task\'s file format; never '
