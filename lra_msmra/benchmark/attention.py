@@ -183,10 +183,17 @@ def _setup(payload: Mapping[str, Any], length: int):
   return layer, params, x, mask, g
 
 
-def _jax_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+def jax_point(payload: Mapping[str, Any]) -> tuple[Callable[..., Any],
+                                                    tuple[Any, ...]]:
+  """The function a JAX point times and its arguments.
+
+  `payload` holds the point's `name`, `kw`, `batch`, `length`, `features`,
+  `heads`, `dtype` and `mode` (`fwd`: the layer's output; `fwd_bwd`: its
+  output and the gradients of its parameters and input for a random
+  cotangent).
+  """
   import jax  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import base  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
 
   layer, params, x, mask, g = _setup(payload, payload['length'])
 
@@ -203,9 +210,15 @@ def _jax_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
     return y, pullback(g)
 
   if payload['mode'] == 'fwd':
-    fn, args = forward, (params, x, mask)
-  else:
-    fn, args = forward_backward, (params, x, mask, g)
+    return forward, (params, x, mask)
+  return forward_backward, (params, x, mask, g)
+
+
+def _jax_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+  import jax  # pylint: disable=g-import-not-at-top
+  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+
+  fn, args = jax_point(payload)
   counted = flops_lib.matmul_flops(fn, *args)
   t0 = time.perf_counter()
   compiled = jax.jit(fn).lower(*args).compile()

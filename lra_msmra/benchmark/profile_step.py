@@ -103,9 +103,14 @@ def _op_sources(hlo_text: str) -> dict[str, str]:
 _RUNTIME_EVENTS = ('ThunkExecutor', 'ThreadpoolListener', 'end: ')
 
 
-def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
-                 ) -> Optional[dict[str, float]]:
-  """Seconds per part and step from the XLA CPU runtime's trace events."""
+def trace_op_seconds(trace_dir: str, calls: int
+                     ) -> Optional[collections.Counter[str]]:
+  """Seconds per call of each XLA operation, by HLO instruction name.
+
+  Reads the newest `jax.profiler` trace under `trace_dir` (the XLA CPU
+  runtime's events over `calls` calls of one executable); None if there is
+  no trace or TensorFlow's profiler protos are missing.
+  """
   try:
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -117,7 +122,7 @@ def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
   space = xplane_pb2.XSpace()
   with open(files[-1], 'rb') as f:
     space.ParseFromString(f.read())
-  parts: collections.Counter[str] = collections.Counter()
+  ops: collections.Counter[str] = collections.Counter()
   for plane in space.planes:
     names = {k: v.name for k, v in plane.event_metadata.items()}
     for line in plane.lines:
@@ -128,11 +133,21 @@ def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
         continue
       for event in line.events:
         name = names.get(event.metadata_id, '')
-        if name in sources:
-          parts[part_of(sources[name])] += event.duration_ps / 1e12 / steps
-        elif not name.startswith(_RUNTIME_EVENTS):
-          parts['other'] += event.duration_ps / 1e12 / steps
-  return dict(parts) if parts else None
+        if not name.startswith(_RUNTIME_EVENTS):
+          ops[name] += event.duration_ps / 1e12 / calls
+  return ops
+
+
+def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
+                 ) -> Optional[dict[str, float]]:
+  """Seconds per part and step from the XLA CPU runtime's trace events."""
+  ops = trace_op_seconds(trace_dir, steps)
+  if not ops:
+    return None
+  parts: collections.Counter[str] = collections.Counter()
+  for name, seconds in ops.items():
+    parts[part_of(sources[name]) if name in sources else 'other'] += seconds
+  return dict(parts)
 
 
 def profile(config, *, steps: int, batch_size: Optional[int], seed: int = 0,
