@@ -95,6 +95,13 @@ def markdown(report: dict[str, Any]) -> str:
       '| task | config | wall time | test accuracy | majority class | '
       'beats majority | steps | steps/s |',
       '|---|---|---|---|---|---|---|---|']
+  tasks, configs = head.get('tasks'), head.get('configs')
+  if tasks is not None and configs is not None and (
+      set(TASKS) - set(tasks) or set(MECHANISMS) - set(configs)):
+    lines[1:1] = ['', f'A partial run: {len(tasks) * len(configs)} of the '
+                  f'{len(TASKS) * len(MECHANISMS)} jobs of the full command '
+                  f'(tasks {", ".join(tasks)}; configs {", ".join(configs)}). '
+                  'The other jobs are not measured at this commit.']
   for r in report['records']:
     if r['status'] != 'ok':
       lines.append(f'| {r["task"]} | `{r["config"]}` | '
@@ -153,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       'machine': f'{os.cpu_count()} CPU cores ({platform.machine()})',
       'load_start': _load(), 'commit': provenance.git_commit().get(
           'commit', 'unknown'),
-      'command': command}
+      'command': command, 'tasks': tasks, 'configs': configs}
   records = []
   for task in tasks:
     for config in configs:

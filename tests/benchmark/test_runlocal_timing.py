@@ -42,3 +42,15 @@ def test_doc_table_is_replaced_between_markers(tmp_path):
 def test_missing_config_is_reported_not_run(tmp_path):
   record = runlocal.run_job('listops', 'no_such_config', str(tmp_path), 10)
   assert record['status'] == 'no such config'
+
+
+def test_a_partial_run_says_what_it_left_out():
+  report = _report()
+  report['settings'].update(tasks=['listops', 'text'], configs=['cst'])
+  table = runlocal.markdown(report)
+  assert ('A partial run: 2 of the 30 jobs of the full command (tasks '
+          'listops, text; configs cst). The other jobs are not measured at '
+          'this commit.') in table
+  report['settings'].update(tasks=list(runlocal.TASKS),
+                            configs=list(runlocal.MECHANISMS))
+  assert 'partial' not in runlocal.markdown(report)
