@@ -52,8 +52,14 @@ _LAYOUT_OPS = frozenset((
     'parameter', 'constant', 'bitcast', 'reshape', 'transpose', 'copy',
     'concatenate', 'pad', 'broadcast', 'slice', 'dynamic-slice', 'tuple',
     'get-tuple-element', 'iota'))
+# `name = shape opcode(`; a tuple shape (multi-output fusions, loops) is in
+# parentheses and holds spaces.
 _INSTRUCTION = re.compile(
-    r'\s*(?:ROOT )?%?([\w.\-]+) = (\S+) ([\w\-]+)\(')
+    r'\s*(?:ROOT )?%?([\w.\-]+) = (\((?:[^()]|\([^()]*\))*\)|\S+) '
+    r'([\w\-]+)\(')
+# Control flow: the operations of its bodies are traced on their own, and
+# its event spans theirs, so counting it too would count them twice.
+_CONTROL_FLOW = frozenset(('while', 'conditional', 'call'))
 
 
 def _computations(hlo_text: str) -> dict[str, str]:
@@ -88,7 +94,7 @@ def instructions(hlo_text: str) -> dict[str, dict[str, str]]:
   out = {}
   for line in hlo_text.split('\n'):
     m = _INSTRUCTION.match(line)
-    if not m:
+    if not m or m.group(3) in _CONTROL_FLOW:
       continue
     source = re.search(r'op_name="([^"]*)"', line)
     out[m.group(1)] = {'shape': m.group(2),

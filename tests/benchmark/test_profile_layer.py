@@ -46,6 +46,34 @@ def test_instructions_are_sorted_by_what_their_fusion_does():
   assert ops['exp_fusion']['source'] == ''
 
 
+LOOP_HLO = """HloModule m
+
+%fused_argmax (p0: f32[2,4]) -> (f32[2], s32[2]) {
+  %p0 = f32[2,4]{1,0} parameter(0)
+  %m = f32[2]{0} reduce(%p0, %p0), dimensions={1}, to_apply=%max
+  %i = s32[2]{0} convert(%m)
+  ROOT %t = (f32[2]{0}, s32[2]{0}) tuple(%m, %i)
+}
+
+ENTRY %main (x: f32[2,4], s: (s32[], f32[2,4])) -> (f32[2], s32[2]) {
+  %x = f32[2,4]{1,0} parameter(0)
+  %s = (s32[], f32[2,4]{1,0}) parameter(1)
+  %while.1 = (s32[], f32[2,4]{1,0}) while(%s), condition=%cond, body=%body
+  ROOT %argmax_fusion = (f32[2]{0}, s32[2]{0}) fusion(%x), kind=kLoop, calls=%fused_argmax, metadata={op_name="jit(f)/argmax"}
+}
+"""
+
+
+def test_multi_output_fusions_count_and_loops_do_not():
+  ops = profile_layer.instructions(LOOP_HLO)
+  # A fusion with several outputs has a tuple shape; it is timed like any.
+  assert ops['argmax_fusion'] == {
+      'shape': '(f32[2]{0}, s32[2]{0})',
+      'kind': 'element-wise and reductions', 'source': 'jit(f)/argmax'}
+  # A loop's event spans its body's operations, which are traced themselves.
+  assert 'while.1' not in ops
+
+
 @pytest.mark.parametrize('mode', ['fwd', 'fwd_bwd'])
 def test_profile_of_a_small_layer(mode, tmp_path):
   payload = {'name': 'long_short', 'kw': {'window_size': 4,
