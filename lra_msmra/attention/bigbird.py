@@ -111,17 +111,7 @@ class BigBirdAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies the attention.
-
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables attention dropout.
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
-    """
+    """Applies BigBird attention; see `base.Attention.attend`."""
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]
     b = self.block_size

@@ -125,16 +125,9 @@ class LinearAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies linear attention.
+    """Applies linear attention; see `base.Attention.attend`.
 
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: unused (no attention dropout, module docstring).
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
+    `deterministic` is unused (no attention dropout, module docstring).
     """
     del deterministic
     real = padding_mask

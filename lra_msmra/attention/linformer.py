@@ -83,18 +83,10 @@ class LinformerAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array, deterministic: bool,
              shared: Optional[Array] = None) -> Array:
-    """Applies the attention.
+    """Applies Linformer attention; see `base.Attention.attend`.
 
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables attention dropout.
-      shared: E `[max_len, k]` from the model-level module
-        (`share_layers=True` only).
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
+    `shared`: E `[max_len, k]` from the model-level module
+    (`share_layers=True` only).
     """
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]

@@ -56,17 +56,7 @@ class LocalAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies the attention.
-
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables attention dropout.
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
-    """
+    """Applies block-local attention; see `base.Attention.attend`."""
     _, head_dim, out_features = self.head_dims(x)
     batch, length = x.shape[:2]
     block = self.block_size

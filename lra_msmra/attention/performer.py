@@ -170,16 +170,9 @@ class PerformerAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies Performer attention.
+    """Applies Performer attention; see `base.Attention.attend`.
 
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: unused (no attention dropout; W is fixed).
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
+    `deterministic` is unused (no attention dropout; W is fixed).
     """
     del deterministic
     real = padding_mask

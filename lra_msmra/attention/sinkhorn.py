@@ -99,17 +99,7 @@ class SinkhornAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies Sinkhorn attention.
-
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables attention dropout.
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
-    """
+    """Applies Sinkhorn attention; see `base.Attention.attend`."""
     real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     length = x.shape[1]

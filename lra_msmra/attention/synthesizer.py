@@ -80,17 +80,7 @@ class SynthesizerAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies Synthesizer attention.
-
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables attention dropout.
-
-    Returns:
-      `[batch, length, out_features]`; `Attention.__call__` zeroes
-      the padded rows.
-    """
+    """Applies Synthesizer attention; see `base.Attention.attend`."""
     real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
     n = x.shape[1]
