@@ -7,7 +7,9 @@ r"""Attention benchmark: time, memory and FLOPs of one layer over lengths.
 Each mechanism is built by registry name with its class defaults (the LRA
 default settings); `name:key=value,key=value` sets knobs, e.g.
 `combiner:variant=fixed`, `cst:slice_length=16`,
-`adamra:compression_rates=(1/2,1/8)`. The layer is the one the encoder
+`adamra:compression_rates=(1/2,1/8)`. The knob `causal=true` is not the
+mechanism's: it builds the layer's causal form (`StandaloneAttention.causal`;
+default bidirectional). The layer is the one the encoder
 builds (`lra_msmra.attention.standalone.StandaloneAttention`, with the
 mechanism's shared module), with `--features` model width = qkv width,
 `--heads` heads, a `[batch, length, features]` input of random normals and an
@@ -49,6 +51,18 @@ official points are timed like the port's (same repeats, median, threads),
 right after ours at each length and mode; the report gives official/ours
 time ratios and the checkout's commit.
 
+Official Combiner (optional, `--official_combiner PATH`): PATH is a checkout
+of google-research/google-research. Every causal `combiner` spec whose
+configuration one of the official Flax layers computes (fixed, logsparse,
+axial rowmajor, mixture with `mixture_mode=joint_softmax`; the table is in
+`lra_msmra.benchmark.official_combiner`) is also run with that layer,
+loaded by path in the JAX workers and holding our layer's weights. It is
+checked against ours like the official Transformer-LS layer (trailing
+padding: the official code has none, and causal rows before the padding do
+not see it; `--official_combiner_tolerance`), then timed as a JAX point
+like ours (compile time, FLOPs and memory too). Other specs are recorded as
+unsupported, with the reason.
+
 Outputs in `--out`: `attention.json` (every record, the environment and the
 command), `attention.md` (tables) and `attention_time.png`,
 `attention_memory.png` (log-log plots).
@@ -61,9 +75,10 @@ import importlib.util
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from lra_msmra.benchmark import common
+from lra_msmra.benchmark import official_combiner
 from lra_msmra.benchmark import official_ls
 
 MODULE = 'lra_msmra.benchmark.attention'
@@ -71,6 +86,47 @@ MODES = ('fwd', 'fwd_bwd')
 MODE_NAMES = {'fwd': 'forward', 'fwd_bwd': 'forward+backward'}
 DEFAULT_MECHANISMS = 'softmax,cst,long_short,adamra,combiner'
 DEFAULT_LENGTHS = '1024,2048,4096,8192,16384'
+
+
+class _Official(NamedTuple):
+  """Official code the benchmark can time beside one of our mechanisms.
+
+  Attributes:
+    option: the option naming its checkout (`--option PATH`, and
+      `--option_tolerance`); also its key in the report's settings.
+    module: `official_ls` or `official_combiner` (`describe_checkout`,
+      `CheckoutError`, `DEFAULT_TOLERANCE`, `compare`).
+    what: how messages name it.
+    title: the report section's title.
+    framework: 'PyTorch' (needs torch, timed in the PyTorch workers) or
+      'JAX' (timed as a JAX point).
+    example: a spec to suggest when `--mechanisms` lacks the mechanism.
+    runs: what the report says about how it is run.
+  """
+  option: str
+  module: Any
+  what: str
+  title: str
+  framework: str
+  example: str
+  runs: str
+
+
+# Our mechanism -> the official code compared with it.
+OFFICIAL = {
+    'long_short': _Official(
+        'official_ls', official_ls, 'official AttentionLS',
+        'Official Transformer-LS', 'PyTorch',
+        'long_short:window_size=8,num_landmarks=32',
+        'run in PyTorch on our `long_short` weights (bidirectional, float32, '
+        'dropout off)'),
+    'combiner': _Official(
+        'official_combiner', official_combiner, 'official Combiner',
+        'Official Combiner', 'JAX', 'combiner:variant=axial,causal=true',
+        'run in JAX on our causal `combiner` weights (float32, dropout off), '
+        'each spec with the official module that computes its configuration '
+        '(the table below)'),
+}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -106,6 +162,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                  default=official_ls.DEFAULT_TOLERANCE,
                  help='largest |ours - official| accepted on real rows '
                       '(default: %(default)g)')
+  p.add_argument('--official_combiner', default=None, metavar='PATH',
+                 help='checkout of google-research/google-research: also '
+                      'time its Combiner layers on our causal combiner '
+                      'weights')
+  p.add_argument('--official_combiner_tolerance', type=float,
+                 default=official_combiner.DEFAULT_TOLERANCE,
+                 help='largest |ours - official| accepted on real rows '
+                      '(default: %(default)g)')
   p.add_argument('--baseline', default='softmax',
                  help='mechanism label the ratios refer to')
   p.add_argument('--growth_from', type=int, default=4096,
@@ -130,34 +194,59 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if spec.name not in attention_lib.REGISTRY:
       p.error(f'unknown mechanism {spec.name!r}; registered: '
               f'{sorted(attention_lib.REGISTRY)}')
-  args.official = None
-  if args.official_ls is not None:
-    args.official = _official_setup(args)
+    if not isinstance(spec.kw.get('causal', False), bool):
+      p.error(f'{spec.label}: causal must be true or false')
+  # Our mechanism -> what the report records of its official code.
+  args.official = {name: _official_setup(args, name)
+                   for name, official in OFFICIAL.items()
+                   if getattr(args, official.option) is not None}
   return args
 
 
-def _official_setup(args: argparse.Namespace) -> dict[str, Any]:
-  """Checks `--official_ls` and describes the checkout; exits in one line."""
+def _official_setup(args: argparse.Namespace, name: str) -> dict[str, Any]:
+  """Checks the official option of mechanism `name` and describes its
+  checkout; exits in one line."""
+  official = OFFICIAL[name]
+  option = official.option
   try:
-    described = official_ls.describe_checkout(args.official_ls)
-  except official_ls.CheckoutError as e:
+    described = official.module.describe_checkout(getattr(args, option))
+  except official.module.CheckoutError as e:
     raise SystemExit(f'error: {e}') from None
-  if not any(s.name == 'long_short' for s in args.specs):
+  if not any(s.name == name for s in args.specs):
     raise SystemExit(
-        'error: --official_ls compares the official AttentionLS with '
-        '`long_short`, which --mechanisms does not list; add long_short '
-        '(with its knobs, e.g. long_short:window_size=8,num_landmarks=32).')
-  if not _torch_available():
+        f'error: --{option} compares the {official.what} with `{name}`, '
+        f'which --mechanisms does not list; add {name} (with its knobs, '
+        f'e.g. {official.example}).')
+  if official.framework == 'PyTorch' and not _torch_available():
     raise SystemExit(
-        'error: --official_ls runs the official PyTorch code, but torch is '
+        f'error: --{option} runs the official PyTorch code, but torch is '
         'not installed; install a CPU build (pip install torch --index-url '
-        'https://download.pytorch.org/whl/cpu) or leave out --official_ls.')
-  if args.official_ls_tolerance <= 0:
-    raise SystemExit('error: --official_ls_tolerance must be > 0.')
-  return dict(described, tolerance=args.official_ls_tolerance)
+        f'https://download.pytorch.org/whl/cpu) or leave out --{option}.')
+  tolerance = getattr(args, f'{option}_tolerance')
+  if tolerance <= 0:
+    raise SystemExit(f'error: --{option}_tolerance must be > 0.')
+  return dict(described, tolerance=tolerance)
 
 
 # ------------------------------------------------------------------ worker
+
+
+def _split_causal(kw: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+  """A spec's knobs without `causal`, and `causal` (False if absent).
+
+  `causal` is not a mechanism knob: it selects the layer's causal form
+  (`StandaloneAttention.causal`).
+  """
+  kw = dict(kw)
+  return kw, bool(kw.pop('causal', False))
+
+
+def _port_knobs(kw: Mapping[str, Any]) -> dict[str, Any]:
+  """The knobs handed to PyTorch code, which has no causal form:
+  `causal=false` (the default) is dropped, `causal=true` kept, so that the
+  code refuses it by name."""
+  mechanism_kw, causal = _split_causal(kw)
+  return dict(kw) if causal else mechanism_kw
 
 
 def _setup(payload: Mapping[str, Any], length: int):
@@ -168,8 +257,9 @@ def _setup(payload: Mapping[str, Any], length: int):
   from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
 
   dtype = jnp.dtype(payload['dtype'])
+  kw, causal = _split_causal(payload['kw'])
   layer = standalone.StandaloneAttention(
-      mechanism=payload['name'], kw=FrozenDict(payload['kw']),
+      mechanism=payload['name'], kw=FrozenDict(kw), causal=causal,
       num_heads=payload['heads'], qkv_features=payload['features'],
       dtype=dtype, max_len=max(length, payload['length']))
   kx, kp, kg = jax.random.split(jax.random.PRNGKey(0), 3)
@@ -192,13 +282,18 @@ def jax_point(payload: Mapping[str, Any]) -> tuple[Callable[..., Any],
   output and the gradients of its parameters and input for a random
   cotangent).
   """
+  layer, params, x, mask, g = _setup(payload, payload['length'])
+  return _jax_call(payload['mode'],
+                   lambda p, x, mask: layer.apply(p, x, padding_mask=mask),
+                   params, x, mask, g)
+
+
+def _jax_call(mode: str, forward: Callable[..., Any], params, x, mask, g
+              ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+  """The function a JAX point times (`mode` fwd or fwd_bwd) and its
+  arguments, for `forward(params, x, mask)`."""
   import jax  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import base  # pylint: disable=g-import-not-at-top
-
-  layer, params, x, mask, g = _setup(payload, payload['length'])
-
-  def forward(params, x, mask):
-    return layer.apply(params, x, padding_mask=mask)
 
   def forward_backward(params, x, mask, g):
     y, pullback = jax.vjp(lambda p, x: forward(p, x, mask), params, x)
@@ -209,16 +304,21 @@ def jax_point(payload: Mapping[str, Any]) -> tuple[Callable[..., Any],
     g, = base.after(y, g)
     return y, pullback(g)
 
-  if payload['mode'] == 'fwd':
+  if mode == 'fwd':
     return forward, (params, x, mask)
   return forward_backward, (params, x, mask, g)
 
 
 def _jax_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+  return _time_jax(payload, *jax_point(payload))
+
+
+def _time_jax(payload: Mapping[str, Any], fn: Callable[..., Any],
+              args: tuple[Any, ...]) -> dict[str, Any]:
+  """Compiles `fn(*args)`, counts its FLOPs and times it (a JAX point)."""
   import jax  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
 
-  fn, args = jax_point(payload)
   counted = flops_lib.matmul_flops(fn, *args)
   t0 = time.perf_counter()
   compiled = jax.jit(fn).lower(*args).compile()
@@ -315,17 +415,23 @@ def _torch_setup(payload: Mapping[str, Any], what: str):
   return length, _setup(payload, length)
 
 
-def _check_outputs(layer, params, x, mask, torch_fn):
+def _check_outputs(layer, params, x, mask, other_fn):
   """(mask, ours, theirs) on a partly padded batch, which checks the masking
-  as well: our JAX layer and a PyTorch callable `torch_fn(x, mask)`."""
+  as well: our JAX layer and `other_fn(x, mask)` (numpy in and out)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
   np_mask = _check_mask(mask.shape)
   y_jax = np.array(layer.apply(params, x, padding_mask=np_mask))
-  with torch.no_grad():
-    y_torch = torch_fn(torch.from_numpy(np.array(x)),
-                       torch.from_numpy(np_mask)).numpy()
-  return np_mask, y_jax, y_torch
+  return np_mask, y_jax, np.asarray(other_fn(np.array(x), np_mask))
+
+
+def _numpy_call(torch_fn: Callable[..., Any]) -> Callable[..., Any]:
+  """A PyTorch callable `torch_fn(x, mask)` as one on numpy arrays."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  def call(x, mask):
+    with torch.no_grad():
+      return torch_fn(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
+  return call
 
 
 def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -338,10 +444,11 @@ def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   length, (layer, params, x, mask, g) = _torch_setup(payload,
                                                      'PyTorch comparison')
   np_params = jax.device_get(params['params'])
-  fn, tensors = torch_reference.build(payload['name'], payload['kw'],
-                                      np_params)
+  fn, tensors = torch_reference.build(payload['name'],
+                                      _port_knobs(payload['kw']), np_params)
   if mode == 'check':
-    np_mask, y_jax, y_torch = _check_outputs(layer, params, x, mask, fn)
+    np_mask, y_jax, y_torch = _check_outputs(layer, params, x, mask,
+                                             _numpy_call(fn))
     diff = float(np.max(np.abs(y_jax - y_torch)))
     scale = float(np.max(np.abs(y_jax)))
     return {'check_length': length, 'max_abs_diff': diff,
@@ -370,27 +477,71 @@ def _randomize_norms(params):
   return jax.tree_util.tree_unflatten(tree, new)
 
 
-def _official_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+def _official_ls_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   """The official `AttentionLS` on our weights: its check or a timed point."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  official_ls.check_knobs(payload['kw'])
+  kw = _port_knobs(payload['kw'])
+  official_ls.check_knobs(kw)
   mode = payload['mode']
   length, (layer, params, x, mask, g) = _torch_setup(payload,
                                                      'official comparison')
   if mode == 'check':
     params = _randomize_norms(params)
   module = official_ls.build(
-      payload['official_ls'], payload['kw'], jax.device_get(params['params']),
+      payload['official_ls'], kw, jax.device_get(params['params']),
       heads=payload['heads'], features=payload['features'], length=length)
   if mode == 'check':
     np_mask, y_ours, y_official = _check_outputs(layer, params, x, mask,
-                                                 module)
+                                                 _numpy_call(module))
     return {'check_length': length,
             **official_ls.compare(y_ours, y_official, np_mask,
                                   payload['tolerance'])}
   del layer, params, mask
   return _time_torch(payload, module, list(module.parameters()), x, g)
+
+
+def _official_combiner_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+  """The official Combiner layer on our weights: its check or a timed point.
+
+  The check pads the last batch row over its final quarter, which the
+  official code (no padding) reads as ordinary tokens: in the causal form
+  no real row sees them, so real rows must agree.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  if payload['dtype'] != 'float32':
+    raise NotImplementedError('The official comparison runs in float32 only.')
+  mode = payload['mode']
+  length = (payload['check_length'] if mode == 'check'
+            else payload['length'])
+  # Refuses knobs and lengths before anything is built.
+  name, _ = official_combiner.official_config(payload['kw'], length)
+  layer, params, x, mask, g = _setup(payload, length)
+  if mode == 'check':
+    params = _randomize_norms(params)
+  module, variables = official_combiner.build(
+      payload['official_combiner'], payload['kw'],
+      jax.device_get(params['params']), heads=payload['heads'],
+      features=payload['features'], length=length)
+  if mode == 'check':
+    np_mask, y_ours, y_official = _check_outputs(
+        layer, params, x, mask, lambda x, _: module.apply(variables, x))
+    return {'check_length': length, 'official_class': name,
+            **official_combiner.compare(y_ours, y_official, np_mask,
+                                        payload['tolerance'])}
+  del layer, params
+  # The official modules take no padding mask (the points' mask is all
+  # real anyway).
+  result = _time_jax(payload, *_jax_call(
+      mode, lambda p, x, _: module.apply(p, x), variables, x, mask, g))
+  return dict(result, official_class=name)
+
+
+def _official_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
+  """The official code compared with the point's mechanism."""
+  return {'long_short': _official_ls_worker,
+          'combiner': _official_combiner_worker}[payload['name']](payload)
 
 
 def worker_main(payload: Mapping[str, Any]) -> None:
@@ -422,8 +573,9 @@ def _payload(args, spec: common.Spec, backend: str, mode: str, length: int
              'check_length': args.torch_check_length,
              'torch_threads': args.torch_threads}
   if backend == 'official':
-    payload.update(official_ls=args.official_ls,
-                   tolerance=args.official_ls_tolerance)
+    option = OFFICIAL[spec.name].option
+    payload.update({option: getattr(args, option),
+                    'tolerance': getattr(args, f'{option}_tolerance')})
   return payload
 
 
@@ -441,7 +593,7 @@ def _official_check(args, spec: common.Spec, budget) -> dict[str, Any]:
     common.log(f'[{spec.label}] official check: {check["status"]} '
                f'{check.get("max_abs_diff", check.get("reason", ""))}')
   else:
-    common.log(f'ERROR: [{spec.label}] official AttentionLS check '
+    common.log(f'ERROR: [{spec.label}] {OFFICIAL[spec.name].what} check '
                f'{check["status"]}: {check.get("reason", "")}; its points '
                'are not timed and the command will exit with status 1.')
   return check
@@ -460,8 +612,15 @@ def _add_ratios(records: list[dict[str, Any]]) -> None:
           'time_s'))
 
 
-# How the points not timed after a failed or unsupported check name it.
-_CHECK_NAMES = {'torch': 'PyTorch', 'official': 'Official AttentionLS'}
+def _capitalized(text: str) -> str:
+  return text[:1].upper() + text[1:]
+
+
+def _check_name(backend: str, name: str) -> str:
+  """How the points not timed after a failed or unsupported check name it."""
+  if backend == 'official':
+    return _capitalized(OFFICIAL[name].what)
+  return 'PyTorch'
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
@@ -485,13 +644,16 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     common.log(torch_note)
   if args.official:
     backends.append('official')
-    commit = args.official['commit'] or args.official['commit_note']
-    common.log(f'Official AttentionLS from {args.official_ls} ({commit}).')
+  for name, info in args.official.items():
+    official = OFFICIAL[name]
+    commit = info['commit'] or info['commit_note']
+    common.log(f'{_capitalized(official.what)} from '
+               f'{getattr(args, official.option)} ({commit}).')
 
   records, checks, official_checks = [], {}, {}
   for spec in args.specs:
     spec_backends = [b for b in backends
-                     if b != 'official' or spec.name == 'long_short']
+                     if b != 'official' or spec.name in args.official]
     if 'torch' in spec_backends:
       check = common.run_worker(
           MODULE, _payload(args, spec, 'torch', 'check', 0),
@@ -526,7 +688,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           if check and check['status'] != 'ok':
             rec.update(status='unsupported' if check['status'] ==
                        'unsupported' else 'skipped',
-                       reason=f'{_CHECK_NAMES[backend]} check '
+                       reason=f'{_check_name(backend, spec.name)} check '
                               f'{check["status"]}: '
                               f'{check.get("reason", "")}')
           elif key in blocked:
@@ -565,17 +727,22 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           'warmup': args.warmup, 'baseline': args.baseline,
           'memory_budget_bytes': budget, 'backends': backends,
           'torch_note': torch_note, 'torch_threads': args.torch_threads,
-          'official_ls': args.official},
+          **{official.option: args.official.get(name)
+             for name, official in OFFICIAL.items()}},
       'torch_checks': checks,
       'official_checks': official_checks,
       'records': records,
   }
 
 
-def failed_official_checks(report: Mapping[str, Any]) -> list[str]:
-  """`label: reason` of every official check that failed or mismatched."""
+def failed_official_checks(report: Mapping[str, Any],
+                           name: Optional[str] = None) -> list[str]:
+  """`label: reason` of every official check that failed or mismatched
+  (of mechanism `name` only, if given)."""
   failed = []
   for label, c in report.get('official_checks', {}).items():
+    if name is not None and common.parse_specs(label)[0].name != name:
+      continue
     if c.get('status') not in ('ok', 'unsupported'):
       reason = ' '.join(str(c.get('reason', '')).split())
       failed.append(f'{label}: {c["status"]}: {reason[-400:]}')
@@ -762,40 +929,62 @@ def _torch_section(report, idx, mechs, lengths) -> list[str]:
 
 
 def _official_section(report, idx, mechs, lengths) -> list[str]:
-  """The official Transformer-LS column: checkout, check, times, ratios."""
+  """The official code's columns: checkout, check, times, ratios."""
+  lines = []
+  for name, official in OFFICIAL.items():
+    info = report['settings'].get(official.option)
+    if info:
+      labels = [m for m in mechs if m in report['official_checks']
+                and common.parse_specs(m)[0].name == name]
+      lines += _official_lines(report, idx, labels, lengths, official, info)
+  return lines
+
+
+# What the official code outputs at padded query rows (ours: zeros).
+_PADDED_ROWS = {
+    'official_ls': 'the official code the output bias',
+    'official_combiner': 'the official code, which has no padding, reads '
+                         'the padded tokens as ordinary ones',
+}
+
+
+def _official_lines(report, idx, labels, lengths, official: _Official,
+                    info: Mapping[str, Any]) -> list[str]:
+  """The report section of one official code, for its specs `labels`."""
   s = report['settings']
-  info = s.get('official_ls')
-  if not info:
-    return []
   commit = (f'commit `{info["commit"]}`' if info['commit']
             else info['commit_note'])
   if info.get('file_modified'):
-    commit += ', with local changes to the file'
-  lines = ['## Official Transformer-LS (`official_ls`)', '',
+    commit += ', with local changes to its files'
+  lines = [f'## {official.title} (`{official.option}`)', '',
            f'`{info["class"]}` from `{info["file"]}` of {info["repository"]} '
-           f'({commit}; file sha256 `{info["file_sha256"][:16]}…`), run in '
-           'PyTorch on our `long_short` weights (bidirectional, float32, '
-           'dropout off).', '']
+           f'({commit}; file sha256 `{info["file_sha256"][:16]}…`), '
+           f'{official.runs}.', '']
+  checks = [report['official_checks'][m] for m in labels]
+  layers = any('official_class' in c for c in checks)
   rows = []
-  labels = [m for m in mechs if m in report['official_checks']]
-  for m in labels:
-    c = report['official_checks'][m]
+  for m, c in zip(labels, checks):
+    layer = [f'`{c["official_class"]}`' if 'official_class' in c
+             else '—'] if layers else []
     if 'max_abs_diff' in c:
       padded = c['max_abs_diff_padded_rows']
-      rows.append([f'`{m}`', c['check_length'], f'{c["max_abs_diff"]:.2e}',
-                   f'{c["relative_diff"]:.2e}',
-                   '—' if padded is None else f'{padded:.2e}',
-                   f'{c["tolerance"]:.0e}', c['status']])
+      rows.append([f'`{m}`'] + layer + [
+          c['check_length'], f'{c["max_abs_diff"]:.2e}',
+          f'{c["relative_diff"]:.2e}',
+          '—' if padded is None else f'{padded:.2e}',
+          f'{c["tolerance"]:.0e}', c['status']])
     else:
-      rows.append([f'`{m}`', '—', '—', '—', '—', '—',
-                   f'{c.get("status", "—")}: {c.get("reason", "")[:160]}'])
+      rows.append([f'`{m}`'] + layer + [
+          '—', '—', '—', '—', '—',
+          f'{c.get("status", "—")}: {c.get("reason", "")[:160]}'])
   lines += ['Output check on the same weights, LayerNorm scales and biases '
             'drawn at random, last batch row padded over its final quarter '
-            '(padded rows reported apart: ours outputs zeros there, the '
-            'official code the output bias):', '',
+            '(padded rows reported apart: ours outputs zeros there, '
+            f'{_PADDED_ROWS[official.option]}):', '',
             common.markdown_table(
-                ['mechanism', 'length', 'max abs(ours − official), real rows',
-                 'relative', 'padded rows', 'tolerance', 'status'], rows),
+                ['mechanism'] + (['official layer'] if layers else [])
+                + ['length', 'max abs(ours − official), real rows',
+                   'relative', 'padded rows', 'tolerance', 'status'], rows),
             '']
 
   def official_cell(mode, m, n, t):
@@ -807,9 +996,9 @@ def _official_section(report, idx, mechs, lengths) -> list[str]:
     return common.fmt_time(t) + (f' ({", ".join(ratios)})' if ratios else '')
 
   for mode in s['modes']:
-    lines += [f'### Official {MODE_NAMES[mode]} time (official time / ours '
-              '(JAX) and / our PyTorch port: > 1× means the official code '
-              'is slower)', '',
+    lines += [f'### {official.title}: {MODE_NAMES[mode]} time (official '
+              'time / ours (JAX) and / our PyTorch port: > 1× means the '
+              'official code is slower)', '',
               _length_table(idx, labels, lengths, 'official', mode, 'time_s',
                             official_cell), '']
   return lines
@@ -848,7 +1037,7 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
         path, panels, 'sequence length N',
         f'batch {s["batch"]}, D={s["features"]}, {s["heads"]} heads, '
         f'{s["dtype"]} (solid: JAX, dashed: our PyTorch port, dotted: '
-        'official PyTorch code)')
+        'official code)')
     paths.append(path)
   return paths
 
@@ -868,13 +1057,18 @@ def main(argv: Sequence[str]) -> None:
     f.write(markdown(report) + '\n')
   plot(report, args.out)
   common.log(f'Wrote attention.json, attention.md and plots to {args.out}')
-  failed = failed_official_checks(report)
-  if failed:
-    raise SystemExit('error: the official AttentionLS output check failed ('
-                     + '; '.join(failed) + '); its points were not timed. '
-                     'The mapping of our weights (lra_msmra/benchmark/'
-                     'official_ls.py) or the official checkout differs from '
-                     'what the comparison assumes.')
+  errors = []
+  for name, official in OFFICIAL.items():
+    failed = failed_official_checks(report, name)
+    if failed:
+      errors.append(
+          f'the {official.what} output check failed (' + '; '.join(failed)
+          + '); its points were not timed. The mapping of our weights '
+          f'(lra_msmra/benchmark/{official.module.__name__.split(".")[-1]}'
+          '.py) or the official checkout differs from what the comparison '
+          'assumes.')
+  if errors:
+    raise SystemExit('error: ' + ' '.join(errors))
 
 
 if __name__ == '__main__':

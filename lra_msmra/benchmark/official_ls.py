@@ -28,7 +28,7 @@ import os
 import subprocess
 import types
 import warnings
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -56,7 +56,8 @@ _NEUTRAL = {'normalize_before_compress': (None, True), 'chunk_size': (None,),
 
 
 class CheckoutError(ValueError):
-  """PATH is not a usable checkout of NVIDIA/transformer-ls."""
+  """PATH is not a usable checkout of the official code (here
+  NVIDIA/transformer-ls; `official_combiner` raises it too)."""
 
 
 def _expected() -> str:
@@ -119,21 +120,26 @@ def checkout_commit(path: str) -> Optional[str]:
   return commit or None
 
 
+def files_modified(path: str, files: Sequence[str]) -> Optional[bool]:
+  """Whether git checkout `path` has local changes to `files` (relative
+  paths); None if git cannot tell."""
+  status = _git(path, 'status', '--porcelain', '--', *files)
+  return None if status is None else bool(status.strip())
+
+
 def describe_checkout(path: str) -> dict[str, Any]:
   """What the report records about the official code that was run."""
   file = validate_checkout(path)
   with open(file, 'rb') as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   commit = checkout_commit(path)
-  modified = None
-  if commit:
-    status = _git(path, 'status', '--porcelain', '--', RELATIVE_FILE)
-    modified = None if status is None else bool(status.strip())
   return {'repository': REPOSITORY, 'path': os.path.abspath(path),
           'file': RELATIVE_FILE, 'class': CLASS_NAME, 'commit': commit,
           'commit_note': None if commit else
                          'not a git checkout: no commit recorded',
-          'file_modified': modified, 'file_sha256': digest}
+          'file_modified': (files_modified(path, [RELATIVE_FILE])
+                            if commit else None),
+          'file_sha256': digest}
 
 
 def check_knobs(kw: Mapping[str, Any]) -> None:
@@ -325,8 +331,10 @@ def compare(y_ours: np.ndarray, y_official: np.ndarray, real: np.ndarray,
   """Differences of the two outputs, on real rows and on padded rows.
 
   Padded query rows are compared apart: ours outputs zeros there, the
-  official code the output bias (zero unless `use_bias`). `passed` is
-  whether the real rows agree within `tolerance`.
+  official code something else (`AttentionLS`: the output bias, zero unless
+  `use_bias`; the official Combiner, which has no padding: the output for
+  the padded tokens' content). `passed` is whether the real rows agree
+  within `tolerance`.
   """
   real = np.asarray(real, bool)
   diff = np.abs(np.asarray(y_ours, np.float64) - y_official)
