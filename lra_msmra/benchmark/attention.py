@@ -995,12 +995,27 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
               if rec.get(field) is not None]
     return common.fmt_time(t) + (f' ({", ".join(ratios)})' if ratios else '')
 
+  def memory_cell(mode, m, n, b):
+    ours = common.ok_value(idx.get((m, 'jax', mode, n)), 'net_peak_bytes')
+    ratio = _div(b, ours)
+    return common.fmt_bytes(b) + (
+        '' if ratio is None else f' (/ ours {common.fmt_ratio(ratio, 2)})')
+
+  # The port is named only where it was timed beside the official code.
+  port = any(rec.get('official_over_port') is not None
+             for (m, backend, _, _), rec in idx.items()
+             if backend == 'official' and m in labels)
+  versus = 'ours (JAX) and / our PyTorch port' if port else 'ours'
   for mode in s['modes']:
     lines += [f'### {official.title}: {MODE_NAMES[mode]} time (official '
-              'time / ours (JAX) and / our PyTorch port: > 1× means the '
-              'official code is slower)', '',
-              _length_table(idx, labels, lengths, 'official', mode, 'time_s',
-                            official_cell), '']
+              f'time / {versus}: > 1× means the official code is slower)',
+              '', _length_table(idx, labels, lengths, 'official', mode,
+                                'time_s', official_cell), '']
+  for mode in s['modes']:
+    lines += [f'### {official.title}: {MODE_NAMES[mode]} net peak memory '
+              '(official / ours: > 1× means the official code holds more)',
+              '', _length_table(idx, labels, lengths, 'official', mode,
+                                'net_peak_bytes', memory_cell), '']
   return lines
 
 

@@ -394,6 +394,11 @@ def test_benchmark_times_the_official_code(checkout, tmp_path):
   text = (out / 'attention.md').read_text()
   assert '## Official Combiner (`official_combiner`)' in text
   assert '`_SelfAttAxialRowmajor`' in text and '/ ours' in text
+  # Times and memory against ours; no PyTorch port was timed, so none is
+  # named.
+  assert ('### Official Combiner: forward net peak memory (official / ours'
+          in text)
+  assert 'our PyTorch port:' not in text
 
   # A tolerance below float32 rounding: the check fails loudly, the official
   # points are not timed, the report is still written, the exit status is 1.
