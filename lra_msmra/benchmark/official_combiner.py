@@ -101,13 +101,8 @@ def _expected() -> str:
 
 def _top_level_names(file: str, path: str) -> set[str]:
   """Names of the classes and functions defined at the top of `file`."""
-  try:
-    with open(file, encoding='utf-8') as f:
-      tree = ast.parse(f.read(), filename=file)
-  except (OSError, UnicodeDecodeError, SyntaxError) as e:
-    detail = ' '.join(str(e).split())
-    raise CheckoutError(f'--official_combiner {path}: cannot read {file} '
-                        f'({detail}); {_expected()}.') from None
+  tree = official_ls.syntax_tree(file, f'--official_combiner {path}',
+                                 _expected())
   return {node.name for node in tree.body
           if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
 

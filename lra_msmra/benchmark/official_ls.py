@@ -66,6 +66,22 @@ def _expected() -> str:
           f'https://github.com/{REPOSITORY} and pass that folder)')
 
 
+def syntax_tree(file: str, where: str, expected: str) -> ast.Module:
+  """The parsed `file` of a checkout, without running it.
+
+  Raises:
+    CheckoutError: one line, `where` (the option and its path) first, then
+      why the file cannot be read and `expected`.
+  """
+  try:
+    with open(file, encoding='utf-8') as f:
+      return ast.parse(f.read(), filename=file)
+  except (OSError, UnicodeDecodeError, SyntaxError) as e:
+    detail = ' '.join(str(e).split())
+    raise CheckoutError(f'{where}: cannot read {file} ({detail}); '
+                        f'{expected}.') from None
+
+
 def validate_checkout(path: str) -> str:
   """Returns the official file of checkout `path`; raises if it is unusable.
 
@@ -83,13 +99,7 @@ def validate_checkout(path: str) -> str:
   if not os.path.isfile(file):
     raise CheckoutError(f'--official_ls {path}: {file} does not exist; '
                         f'{_expected()}.')
-  try:
-    with open(file, encoding='utf-8') as f:
-      tree = ast.parse(f.read(), filename=file)
-  except (OSError, UnicodeDecodeError, SyntaxError) as e:
-    detail = ' '.join(str(e).split())
-    raise CheckoutError(f'--official_ls {path}: cannot read {file} '
-                        f'({detail}); {_expected()}.') from None
+  tree = syntax_tree(file, f'--official_ls {path}', _expected())
   if not any(isinstance(node, ast.ClassDef) and node.name == CLASS_NAME
              for node in tree.body):
     raise CheckoutError(f'--official_ls {path}: {file} defines no class '

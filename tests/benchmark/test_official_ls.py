@@ -21,16 +21,16 @@ points to an unusable folder fails them instead.
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from lra_msmra.attention import standalone
 from lra_msmra.benchmark import attention
 from lra_msmra.benchmark import official_ls
-from tests.benchmark import ROOT
+from tests.benchmark import assert_check_failed
+from tests.benchmark import random_layer
+from tests.benchmark import run_attention_tiny
 
 pytestmark = pytest.mark.xdist_group('benchmark_official_ls')
 
@@ -40,13 +40,8 @@ HEADS, FEATURES = 2, 16
 
 def _bench(out, *args: str) -> subprocess.CompletedProcess:
   """Runs the attention benchmark on tiny shapes; returns the process."""
-  cmd = [sys.executable, '-m', attention.MODULE, '--batch', '2',
-         '--features', str(FEATURES), '--heads', str(HEADS), '--repeats', '2',
-         '--memory_budget_gb', '8', '--torch_threads', '2', '--out', str(out),
-         *args]
-  env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS='1')
-  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                        timeout=900, env=env)
+  return run_attention_tiny(out, '--torch_threads', '2', *args, heads=HEADS,
+                            features=FEATURES)
 
 
 # ------------------------------------------------ without torch or checkout
@@ -134,18 +129,10 @@ def checkout():
   return path
 
 
-def _layer_and_params(kw, use_bias, length, seed=0):
+def _layer_and_params(kw, use_bias, length):
   """Our layer and its parameters, every one of them drawn at random."""
-  layer = standalone.StandaloneAttention(
-      mechanism='long_short', kw=kw, num_heads=HEADS, qkv_features=FEATURES,
-      use_bias=use_bias, max_len=length)
-  x = jax.random.normal(jax.random.PRNGKey(seed), (3, length, FEATURES))
-  params = layer.init(jax.random.PRNGKey(seed + 1), x)['params']
-  leaves, tree = jax.tree_util.tree_flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(seed + 2), len(leaves))
-  params = jax.tree_util.tree_unflatten(tree, [
-      a + 0.3 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)])
-  return layer, {'params': params}, np.array(x)
+  return random_layer('long_short', kw, length, heads=HEADS,
+                      features=FEATURES, use_bias=use_bias)
 
 
 def _mask(length):
@@ -247,11 +234,5 @@ def test_benchmark_times_the_official_code(checkout, tmp_path):
                 '--lengths', '32', '--torch_check_length', '32',
                 '--modes', 'fwd', '--torch', 'off', '--official_ls', checkout,
                 '--official_ls_tolerance', '1e-12')
-  assert done.returncode == 1
-  assert 'official AttentionLS output check failed' in done.stderr
+  assert_check_failed(done, out, 'official AttentionLS output check failed')
   assert 'ERROR:' in done.stdout
-  report = json.loads((out / 'attention.json').read_text())
-  check = next(iter(report['official_checks'].values()))
-  assert check['status'] == 'mismatch'
-  rec = next(r for r in report['records'] if r['backend'] == 'official')
-  assert rec['status'] == 'skipped' and 'mismatch' in rec['reason']
