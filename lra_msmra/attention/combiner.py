@@ -420,6 +420,59 @@ def _pad_length(x: Array, length: int) -> Array:
   return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2))
 
 
+class _SpanPools:
+  """Masked pooling of queries and keys over dyadic blocks, level by level.
+
+  Level l's block b holds positions [b 2^l, (b + 1) 2^l), and its pool is
+  that of blocks 2b and 2b + 1 of level l - 1: the maximum of their maxima,
+  or the sum of their sums over the sum of their counts, which equal the
+  pools over the block's valid members (`_masked_pool`; the mean up to the
+  order of float32 additions). `up` returns the next level.
+  """
+
+  def __init__(self, pq: Array, pk: Array, real: Array, kind: str):
+    self.kind = kind
+    valid = real[:, :, None, None]
+    if kind == 'max':
+      self.q = jnp.where(valid, pq, -jnp.inf)
+      self.k = jnp.where(valid, pk, -jnp.inf)
+    else:
+      self.q = jnp.where(valid, pq.astype(jnp.float32), 0.0)
+      self.k = jnp.where(valid, pk.astype(jnp.float32), 0.0)
+    self.count = real.astype(jnp.float32)[:, :, None, None]
+    self.dtype = pq.dtype
+
+  def up(self, blocks: int) -> tuple[Array, Array, Array]:
+    """The pooled queries, keys and `has` (`[B, blocks, H, 1, 1]`-style as
+    `_masked_pool` gives them) of the next level, padded with empty blocks
+    to `blocks`."""
+    def halve(x, fill):
+      if x.shape[1] % 2:
+        x = jnp.pad(x, [(0, 0), (0, 1)] + [(0, 0)] * (x.ndim - 2),
+                    constant_values=fill)
+      pairs = x.reshape(x.shape[0], x.shape[1] // 2, 2, *x.shape[2:])
+      if self.kind == 'max' and fill != 0.0:
+        return jnp.max(pairs, axis=2)
+      return jnp.sum(pairs, axis=2)
+
+    def extend(x, fill):
+      extra = blocks - x.shape[1]
+      return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2),
+                     constant_values=fill)
+    fill = -jnp.inf if self.kind == 'max' else 0.0
+    self.q = extend(halve(self.q, fill), fill)
+    self.k = extend(halve(self.k, fill), fill)
+    self.count = extend(halve(self.count, 0.0), 0.0)
+    has = self.count > 0
+    if self.kind == 'max':
+      q, k = self.q, self.k
+    else:
+      q = self.q / jnp.maximum(self.count, 1.0)
+      k = self.k / jnp.maximum(self.count, 1.0)
+    return (jnp.where(has, q, 0).astype(self.dtype),
+            jnp.where(has, k, 0).astype(self.dtype), has)
+
+
 def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
                      real: Array, ctx: _Ctx) -> list[_Term]:
   """Combiner-Logsparse on `[batch, length, heads, dim]` arrays."""
@@ -443,7 +496,11 @@ def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
                    preferred_element_type=jnp.float32)[..., None],
         (swap(real) & partner_ok[None])[:, :, None, None],
         lambda w: w.astype(values.dtype) * partner_values, True))
-  # Levels 1 .. ceil(log2 N) - 1: the sibling 2^l-block is one span.
+  # Levels 1 .. ceil(log2 N) - 1: the sibling 2^l-block is one span. The
+  # spans' abstractions are pooled level by level, each from the two halves
+  # of the level below (`_SpanPools`), so the pooling reads the sequence
+  # once, not once per level.
+  pools = _SpanPools(pq, pk, real, ctx.pool)
   for level in range(1, (length - 1).bit_length()):
     size = 1 << level
     padded = -(-length // (2 * size)) * (2 * size)
@@ -454,10 +511,7 @@ def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
       return x.reshape(batch, blocks, size, *x.shape[2:])
 
     member = split(real)
-    q_span, _ = _masked_pool(split(pq), member[..., None, None], axis=2,
-                             kind=ctx.pool)
-    k_span, has = _masked_pool(split(pk), member[..., None, None], axis=2,
-                               kind=ctx.pool)
+    q_span, k_span, has = pools.up(blocks)
     w = ctx.normalise(_logits('bnhd,bnshd->bnhs', q_span, split(k)),
                       member[:, :, None, :])
     span_values = _weigh('bnhs,bnshd->bnhd', ctx.dropout(w), split(values))
