@@ -443,32 +443,29 @@ class _SpanPools:
     self.dtype = pq.dtype
 
   def up(self, blocks: int) -> tuple[Array, Array, Array]:
-    """The pooled queries, keys and `has` (`[B, blocks, H, 1, 1]`-style as
-    `_masked_pool` gives them) of the next level, padded with empty blocks
-    to `blocks`."""
-    def halve(x, fill):
-      if x.shape[1] % 2:
-        x = jnp.pad(x, [(0, 0), (0, 1)] + [(0, 0)] * (x.ndim - 2),
-                    constant_values=fill)
+    """The next level: pooled queries and keys `[B, blocks, H, d]` (0 for a
+    block without a valid member) and `has` `[B, blocks, 1, 1]`, as
+    `_masked_pool` gives them, with empty blocks appended up to `blocks`."""
+    def halve(x, fill, reduce):
+      x = jnp.pad(x, [(0, 0), (0, x.shape[1] % 2)] + [(0, 0)] * (x.ndim - 2),
+                  constant_values=fill)
       pairs = x.reshape(x.shape[0], x.shape[1] // 2, 2, *x.shape[2:])
-      if self.kind == 'max' and fill != 0.0:
-        return jnp.max(pairs, axis=2)
-      return jnp.sum(pairs, axis=2)
+      pooled = reduce(pairs, axis=2)
+      return jnp.pad(pooled, [(0, 0), (0, blocks - pooled.shape[1])]
+                     + [(0, 0)] * (x.ndim - 2), constant_values=fill)
 
-    def extend(x, fill):
-      extra = blocks - x.shape[1]
-      return jnp.pad(x, [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2),
-                     constant_values=fill)
-    fill = -jnp.inf if self.kind == 'max' else 0.0
-    self.q = extend(halve(self.q, fill), fill)
-    self.k = extend(halve(self.k, fill), fill)
-    self.count = extend(halve(self.count, 0.0), 0.0)
-    has = self.count > 0
     if self.kind == 'max':
-      q, k = self.q, self.k
+      self.q = halve(self.q, -jnp.inf, jnp.max)
+      self.k = halve(self.k, -jnp.inf, jnp.max)
     else:
-      q = self.q / jnp.maximum(self.count, 1.0)
-      k = self.k / jnp.maximum(self.count, 1.0)
+      self.q = halve(self.q, 0.0, jnp.sum)
+      self.k = halve(self.k, 0.0, jnp.sum)
+    self.count = halve(self.count, 0.0, jnp.sum)
+    has = self.count > 0
+    q, k = self.q, self.k
+    if self.kind != 'max':
+      q = q / jnp.maximum(self.count, 1.0)
+      k = k / jnp.maximum(self.count, 1.0)
     return (jnp.where(has, q, 0).astype(self.dtype),
             jnp.where(has, k, 0).astype(self.dtype), has)
 
@@ -498,8 +495,8 @@ def _logsparse_terms(q: Array, k: Array, values: Array, pq: Array, pk: Array,
         lambda w: w.astype(values.dtype) * partner_values, True))
   # Levels 1 .. ceil(log2 N) - 1: the sibling 2^l-block is one span. The
   # spans' abstractions are pooled level by level, each from the two halves
-  # of the level below (`_SpanPools`), so the pooling reads the sequence
-  # once, not once per level.
+  # of the level below (`_SpanPools`): about two passes over the sequence in
+  # all, not one per level.
   pools = _SpanPools(pq, pk, real, ctx.pool)
   for level in range(1, (length - 1).bit_length()):
     size = 1 << level
