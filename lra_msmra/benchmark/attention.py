@@ -102,6 +102,7 @@ class _Official(NamedTuple):
       'JAX' (timed as a JAX point).
     example: a spec to suggest when `--mechanisms` lacks the mechanism.
     runs: what the report says about how it is run.
+    padded_rows: what it outputs at padded query rows (ours: zeros).
   """
   option: str
   module: Any
@@ -110,6 +111,7 @@ class _Official(NamedTuple):
   framework: str
   example: str
   runs: str
+  padded_rows: str
 
 
 # Our mechanism -> the official code compared with it.
@@ -119,13 +121,15 @@ OFFICIAL = {
         'Official Transformer-LS', 'PyTorch',
         'long_short:window_size=8,num_landmarks=32',
         'run in PyTorch on our `long_short` weights (bidirectional, float32, '
-        'dropout off)'),
+        'dropout off)', 'the official code the output bias'),
     'combiner': _Official(
         'official_combiner', official_combiner, 'official Combiner',
         'Official Combiner', 'JAX', 'combiner:variant=axial,causal=true',
         'run in JAX on our causal `combiner` weights (float32, dropout off), '
         'each spec with the official module that computes its configuration '
-        '(the table below)'),
+        '(the table below)',
+        'the official code, which has no padding, reads the padded tokens '
+        'as ordinary ones'),
 }
 
 
@@ -940,14 +944,6 @@ def _official_section(report, idx, mechs, lengths) -> list[str]:
   return lines
 
 
-# What the official code outputs at padded query rows (ours: zeros).
-_PADDED_ROWS = {
-    'official_ls': 'the official code the output bias',
-    'official_combiner': 'the official code, which has no padding, reads '
-                         'the padded tokens as ordinary ones',
-}
-
-
 def _official_lines(report, idx, labels, lengths, official: _Official,
                     info: Mapping[str, Any]) -> list[str]:
   """The report section of one official code, for its specs `labels`."""
@@ -980,7 +976,7 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
   lines += ['Output check on the same weights, LayerNorm scales and biases '
             'drawn at random, last batch row padded over its final quarter '
             '(padded rows reported apart: ours outputs zeros there, '
-            f'{_PADDED_ROWS[official.option]}):', '',
+            f'{official.padded_rows}):', '',
             common.markdown_table(
                 ['mechanism'] + (['official layer'] if layers else [])
                 + ['length', 'max abs(ours − official), real rows',
