@@ -136,13 +136,19 @@ class Progress:
     if self._steady_t0 is not None:
       self._excluded += seconds
 
+  def steady(self, step: int) -> tuple[int, float]:
+    """(steps, seconds) of this process's steady-state training up to
+    `step`, now; (0, 0.0) before any such step."""
+    if self._steady_t0 is None or step <= self._steady_s0:
+      return 0, 0.0
+    elapsed = time.time() - self._steady_t0 - self._excluded
+    return step - self._steady_s0, max(elapsed, 1e-9)
+
   def steps_per_sec(self, step: int) -> Optional[float]:
     """Steady-state training steps per second up to `step` (None if no step
     after the first one was timed)."""
-    if self._steady_t0 is None or step <= self._steady_s0:
-      return None
-    elapsed = time.time() - self._steady_t0 - self._excluded
-    return (step - self._steady_s0) / max(elapsed, 1e-9)
+    steps, seconds = self.steady(step)
+    return steps / seconds if steps else None
 
   def update(self, step: int, scalars: Mapping[str, float],
              eval_seconds_left: Optional[float] = None) -> Optional[float]:

@@ -45,6 +45,7 @@ import sys
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from lra_msmra import config_lib
+from lra_msmra import data
 from lra_msmra import fingerprint as fingerprint_lib
 from lra_msmra import published
 
@@ -86,6 +87,11 @@ def load_run(path: str) -> dict[str, Any]:
   if 'data_source' not in run:
     run['data_source'] = fingerprint_lib.data_source_record(
         _legacy_notes(run))
+  if 'generator' in run['data_source']:
+    # Runs before the data notes completed them record only the generator
+    # settings their data's call gave: same data, same record.
+    run['data_source']['generator'] = data.generator_settings(
+        run['task'], run['data_source']['generator'])
   run['setting'] = fingerprint_lib.setting(config, run['data_source'])
   run['fingerprint'] = fingerprint_lib.fingerprint(run['setting'])
   return run

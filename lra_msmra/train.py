@@ -409,12 +409,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     ckpt.close()
     raise errors.mark(e)
   best = {'step': None, 'val_accuracy': -1.0, 'val_loss': None}
-  # Seconds spent training (evaluations included) before this process.
+  # Seconds spent training (evaluations included) before this process, and
+  # the steps and seconds of its steady-state training (see
+  # metrics.Progress) summed over the processes that trained.
   earlier_seconds = 0.0
+  earlier_steady = (0, 0.0)
   if restored is not None:
     start, state, meta = restored
     best = meta['best']
     earlier_seconds = float(meta.get('train_seconds', 0.0))
+    earlier_steady = tuple(meta.get('steady', (0, 0.0)))
     ckpt.drop_best_after(start)
     metrics_lib.log(f'Resumed from step {start} ({ckpt.latest.directory}).')
   else:
@@ -467,10 +471,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   ckpt_dir = str(ckpt.latest.directory)
   last_val = None
 
+  # Steady-state (steps, seconds) up to the last checkpoint, this process's
+  # included: what the checkpoint carries and the results report.
+  saved_steady = earlier_steady
+
   def save(step: int) -> None:
-    nonlocal last_saved
+    nonlocal last_saved, saved_steady
+    steps, seconds = progress.steady(step)
+    saved_steady = (earlier_steady[0] + steps, earlier_steady[1] + seconds)
     meta = {'step': step, 'best': best,
             'train_seconds': earlier_seconds + time.time() - loop_start,
+            'steady': saved_steady,
             'data_position': {'next_train_batch': step, 'seed': config.seed,
                               'examples_consumed': step * config.batch_size}}
     # The metrics of `step` reach the disk before its checkpoint does.
@@ -535,6 +546,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           raise Preempted(step, sigterm.signum)
     ckpt.wait()
     train_seconds = earlier_seconds + time.time() - loop_start
+    steady_steps, steady_seconds = saved_steady  # The last step's save.
 
     if last_val is None:  # Resumed after the last step: evaluate again.
       last_val = run_eval(state.params, data.eval, config.num_eval_steps,
@@ -580,15 +592,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'test_examples': final_test['examples'],
       'test_majority_label': majority_label,
       'test_majority_rate': majority,
-      # Steady-state training speed of the last process that trained:
-      # steps after its first one (which waits for the compilation) divided
-      # by their time, evaluations excluded; train_seconds below is the
-      # whole loop, evaluations included. None if that process timed no
-      # such step; a re-run that trained no step keeps the figure measured
-      # before.
+      # Steady-state training speed over every process that trained (their
+      # steps after the first, which waits for the compilation, divided by
+      # their time, evaluations excluded; the checkpoints carry the sums);
+      # train_seconds below is the whole loop, evaluations included. None if
+      # no such step was timed; a re-run that trained no step and finds no
+      # sums in its checkpoint keeps the figure measured before.
       'train_steps_per_sec': (
-          progress.steps_per_sec(config.num_train_steps)
-          if config.num_train_steps > start else
+          steady_steps / steady_seconds if steady_steps else
           _previous_result(workdir, 'train_steps_per_sec')),
       'num_devices': int(mesh.devices.size),
       'data_notes': data.notes or {},

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _write_run(folder, task, config_name, protocol, acc, seed,
                steps_per_sec=10.0, overrides=None, source='release',
-               extra_option=None):
+               extra_option=None, generator=None):
   """A results.json shaped like lra_msmra.train's, with the real config of
   configs/<task>/<config_name>.py under `protocol` (plus `extra_option`,
   e.g. 'runlocal') plus dotted overrides."""
@@ -38,7 +38,7 @@ def _write_run(folder, task, config_name, protocol, acc, seed,
   reported = 'final' if protocol == 'lra' else 'best'
   data_source = {'kind': source}
   if source == 'generated':
-    data_source['generator'] = {'seed': 0}
+    data_source['generator'] = generator or {'seed': 0}
   data = {
       'task': task, 'attention': config.model.attention, 'protocol': protocol,
       'num_params': 1234,
@@ -231,6 +231,27 @@ def test_runs_are_averaged_only_with_equal_settings(tmp_path):
   assert cell['cst (schedule.max_learning_rate=0.0002)']['n'] == 1
   fingerprints = {r['fingerprint'] for r in runs}
   assert len(fingerprints) == 2  # seeds share one; the changed LR has its own
+
+
+def test_generated_data_records_are_completed_before_comparing(tmp_path):
+  # Runs of the same generated data that recorded the generator's settings
+  # differently (the call's own, or all of them) are seeds of one setting;
+  # data from other settings is another setting.
+  from lra_msmra.data import listops  # pylint: disable=g-import-not-at-top
+  root = tmp_path / 'runs'
+  _write_run(root / 's0', 'listops', 'cst', 'xiong', 0.30, 0,
+             source='generated', generator=dict(listops.GENERATOR_DEFAULTS))
+  _write_run(root / 's1', 'listops', 'cst', 'xiong', 0.40, 1,
+             source='generated', generator={'num_train': 96000, 'seed': 0})
+  _write_run(root / 'd4', 'listops', 'cst', 'xiong', 0.50, 0,
+             source='generated', generator={'max_depth': 4, 'seed': 0})
+  runs = _labelled(root)
+  by_seed_dir = {os.path.basename(os.path.dirname(r['path'])): r
+                 for r in runs}
+  assert by_seed_dir['s0']['fingerprint'] == by_seed_dir['s1']['fingerprint']
+  assert by_seed_dir['d4']['fingerprint'] != by_seed_dir['s0']['fingerprint']
+  assert by_seed_dir['s1']['data_source']['generator']['max_depth'] == 10
+  assert len(results.aggregate(runs)) == 2
 
 
 def test_generated_listops_is_marked_and_options_are_recognised(tmp_path):

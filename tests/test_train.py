@@ -4,6 +4,7 @@ import asyncio
 import functools
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -155,6 +156,22 @@ def test_resume_continues_at_the_right_step(tmp_path, finished_run):
   records = _metrics(workdir)
   assert [r['step'] for r in records] == [2, 4]
   assert records[1]['train/loss'] == _metrics(full_dir)[1]['train/loss']
+
+
+def test_speed_survives_a_stop_between_last_checkpoint_and_results(
+    tmp_path, finished_run):
+  # As a run killed during its final test pass: every checkpoint written,
+  # no results.json. The re-run trains no step; its speed figure is the
+  # measured one, carried by the checkpoint, not a missing figure.
+  _, full_dir, full_results = finished_run
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(full_dir, workdir)
+  os.remove(os.path.join(workdir, 'results.json'))
+  rerun = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
+  assert rerun['final'] == full_results['final']
+  assert rerun['train_steps_per_sec'] == pytest.approx(
+      full_results['train_steps_per_sec'], rel=1e-6)
+  assert rerun['train_steps_per_sec'] > 0
 
 
 def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(

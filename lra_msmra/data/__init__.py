@@ -9,7 +9,7 @@ plus `inputs2` for two-document tasks and `weights` `[batch]` in evaluation.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Mapping
 
 from lra_msmra import config_lib
 from lra_msmra.data.pipeline import TaskData
@@ -42,6 +42,18 @@ def get_datasets(config: Any, workdir: str) -> TaskData:
   return _task_module(config).get_datasets(config, workdir)
 
 
+def generator_settings(task: str, settings: Mapping[str, Any]
+                       ) -> dict[str, Any]:
+  """A task generator's recorded settings, completed with its defaults for
+  the settings the generating call left out (see
+  `pipeline.Task.generator_defaults`)."""
+  if task not in MODULES:
+    raise ValueError(f'Unknown task {task!r}; valid: '
+                     f'{list(config_lib.TASKS)}.')
+  module = importlib.import_module(f'lra_msmra.data.{MODULES[task]}')
+  return module.TASK.generator_settings(settings)
+
+
 def get_model_spec(config: Any) -> dict[str, Any]:
   """What the model needs from the task, from the config alone (no data).
 
@@ -52,5 +64,5 @@ def get_model_spec(config: Any) -> dict[str, Any]:
   return _task_module(config).get_model_spec(config)
 
 
-__all__ = ['MODULES', 'TaskData', 'data_source', 'get_datasets',
-           'get_model_spec']
+__all__ = ['MODULES', 'TaskData', 'data_source', 'generator_settings',
+           'get_datasets', 'get_model_spec']

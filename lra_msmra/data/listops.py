@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import inspect
 import os
 import random
 import sys
@@ -267,6 +268,19 @@ def generate_dataset(output_dir: str, *, num_train: int = 96000,
   return paths
 
 
+def _keyword_defaults(fn: Any) -> dict[str, Any]:
+  return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+          if p.kind is p.KEYWORD_ONLY and p.default is not p.empty}
+
+
+# What `generate_dataset` uses for each generator setting a call leaves out
+# (the official generator's settings, seed 0), read from the signatures.
+GENERATOR_DEFAULTS = {
+    k: v for k, v in {**_keyword_defaults(generate_examples),
+                      **_keyword_defaults(generate_dataset)}.items()
+    if k != 'task_name'}
+
+
 def read_stamp(folder: str) -> dict[str, Any] | None:
   """The generator settings and record of a folder our generator wrote
   (`{'settings', 'task_name', 'generation_seconds', 'splits'}`), or None
@@ -381,7 +395,8 @@ TASK = pipeline.Task(
     prepare=(pipeline.RELEASE_HINT + ', or write it with our seeded '
              'implementation of the LRA generator: `python -m '
              'lra_msmra.data.prepare --generate_listops --out DIR`'),
-    length=lambda data: data.max_length, extra_check=_check_data)
+    length=lambda data: data.max_length, extra_check=_check_data,
+    generator_defaults=GENERATOR_DEFAULTS)
 get_model_spec = TASK.model_spec
 
 
@@ -417,7 +432,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
            'data_source': 'release' if stamp is None else 'generated',
            'vocabulary': 'fixed sorted (P6 fix)'}
   if stamp is not None:
-    notes['generator'] = stamp['settings']
+    notes['generator'] = TASK.generator_settings(stamp['settings'])
   return pipeline.TaskData(
       train=splits['train'], eval=splits['val'], test=splits['test'],
       num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,

@@ -380,6 +380,10 @@ class Task:
     length: tokens per example (per document) before extra padding, from
       `config.data`.
     extra_check: the task's own checks of `config.data`, if any.
+    generator_defaults: the value the generator takes for each of
+      `generator_keys` that a call leaves out; a generated folder's stamp
+      records only what its call gave, and `generator_settings` completes
+      it, so two records of the same data are equal.
   """
   name: str
   vocab_size: int
@@ -391,6 +395,14 @@ class Task:
   prepare: str
   length: Callable[[Any], int]
   extra_check: Optional[Callable[[Any], None]] = None
+  generator_defaults: Mapping[str, Any] = dataclasses.field(
+      default_factory=dict)
+
+  def generator_settings(self, settings: Mapping[str, Any]
+                         ) -> dict[str, Any]:
+    """`settings` with every generator key the call left out set to the
+    generator's default."""
+    return {**self.generator_defaults, **settings}
 
   def check(self, data: Any) -> None:
     """Keys, `generate`, `shuffle`, the task's own checks, then lengths."""

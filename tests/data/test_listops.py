@@ -209,6 +209,22 @@ def spec_matches(config, data):
       'max_len': data.max_len, 'dual': data.dual}
 
 
+def test_data_notes_give_every_generator_setting(tmp_path):
+  # As `prepare --generate_listops` writes it: only the seed and counts
+  # given, the rest the generator's defaults (the official settings).
+  assert listops.GENERATOR_DEFAULTS == dict(
+      num_train=96000, num_valid=2000, num_test=2000, min_length=500,
+      max_length=2000, max_depth=10, max_args=10, seed=0)
+  folder = tmp_path / 'listops-1000'
+  listops.generate_dataset(str(folder), num_train=4, num_valid=2,
+                           num_test=2, min_length=5, max_length=40)
+  config = _data_config(str(tmp_path))
+  data = listops.get_datasets(config, str(tmp_path))
+  assert data.notes['generator'] == dict(
+      num_train=4, num_valid=2, num_test=2, min_length=5, max_length=40,
+      max_depth=10, max_args=10, seed=0)
+
+
 def test_pad_to_length_and_bad_data_dir(tmp_path):
   config = _data_config()
   config.data.pad_to_length = 128
