@@ -816,7 +816,7 @@ def markdown(report: Mapping[str, Any]) -> str:
       f'- Date (UTC): {env["date_utc"]}',
       f'- Device: {device.get("device_kind", "?")} '
       f'({device.get("backend", "?")}); CPU: {env["cpu"]}, '
-      f'{env["cpu_count"]} cores',
+      f'{env.get("cores", str(env["cpu_count"]) + " CPU cores")}',
       f'- Shapes: batch {s["batch"]}, width {s["features"]}, '
       f'{s["heads"]} heads of {s["head_dim"]}, dtype {s["dtype"]}; '
       'all-real padding mask; dropout off',

@@ -515,6 +515,18 @@ def _version(package: str) -> Optional[str]:
     return None
 
 
+def cpu_cores() -> str:
+  """'2 CPU cores', or '1 of 2 CPU cores' where this process may run on
+  fewer cores than the machine has (e.g. under `taskset`)."""
+  total = os.cpu_count() or 1
+  try:
+    usable = len(os.sched_getaffinity(0))
+  except AttributeError:  # Not on Linux.
+    usable = total
+  return (f'{total} CPU cores' if usable >= total else
+          f'{usable} of {total} CPU cores')
+
+
 def environment(packages: Iterable[str] = ('jax', 'jaxlib', 'flax',
                                            'numpy', 'torch')
                 ) -> dict[str, Any]:
@@ -534,6 +546,7 @@ def environment(packages: Iterable[str] = ('jax', 'jaxlib', 'flax',
       'os': platform.platform(),
       'cpu': _cpu_model(),
       'cpu_count': os.cpu_count(),
+      'cores': cpu_cores(),
       'memory_total_bytes': mem_total,
       'memory_available_bytes': memory_available_bytes(),
       'load_average': list(os.getloadavg()),

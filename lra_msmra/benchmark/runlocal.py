@@ -12,7 +12,10 @@ evaluation and test), the test accuracy against the majority-class rate of
 the test split, and the steady-state steps/s `results.json` records.
 `--doc` replaces the table between the markers `<!-- runlocal:begin -->` and
 `<!-- runlocal:end -->` of a markdown file with this run's table, its
-command, date, machine and load average.
+command, date, machine (the cores the command may use: run it under
+`taskset` and the table says so) and load average. `OUT/runlocal.json` is
+written after every job, so a command stopped part way keeps what it
+measured; `--from_report OUT/runlocal.json --doc ...` writes its table.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Optional, Sequence
 
 from lra_msmra import config_lib
 from lra_msmra import provenance
+from lra_msmra.benchmark import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -90,18 +94,26 @@ def markdown(report: dict[str, Any]) -> str:
   head = report['settings']
   lines = [
       f'Measured {head["date"]} on {head["machine"]} (load average at start '
-      f'{head["load_start"]}, at end {head["load_end"]}), commit '
+      f'{head["load_start"]}, at end {head.get("load_end") or "—"}), commit '
       f'`{head["commit"][:10]}`:', '', '```', head['command'], '```', '',
       '| task | config | wall time | test accuracy | majority class | '
       'beats majority | steps | steps/s |',
       '|---|---|---|---|---|---|---|---|']
   tasks, configs = head.get('tasks'), head.get('configs')
+  notes = []
   if tasks is not None and configs is not None and (
       set(TASKS) - set(tasks) or set(MECHANISMS) - set(configs)):
-    lines[1:1] = ['', f'A partial run: {len(tasks) * len(configs)} of the '
-                  f'{len(TASKS) * len(MECHANISMS)} jobs of the full command '
-                  f'(tasks {", ".join(tasks)}; configs {", ".join(configs)}). '
-                  'The other jobs are not measured at this commit.']
+    notes.append(f'A partial run: {len(tasks) * len(configs)} of the '
+                 f'{len(TASKS) * len(MECHANISMS)} jobs of the full command '
+                 f'(tasks {", ".join(tasks)}; configs {", ".join(configs)}). '
+                 'The other jobs are not measured at this commit.')
+  if tasks is not None and configs is not None and (
+      len(report['records']) < len(tasks) * len(configs)):
+    notes.append(f'An unfinished run: the command was stopped after '
+                 f'{len(report["records"])} of its '
+                 f'{len(tasks) * len(configs)} jobs; the table has those.')
+  if notes:
+    lines[1:1] = ['', ' '.join(notes)]
   for r in report['records']:
     if r['status'] != 'ok':
       lines.append(f'| {r["task"]} | `{r["config"]}` | '
@@ -130,6 +142,13 @@ def write_doc(path: str, table: str) -> None:
     f.write(f'{head}{BEGIN}\n{table}\n{END}{tail}')
 
 
+def _write_report(out: str, report: dict[str, Any]) -> None:
+  path = os.path.join(out, 'runlocal.json')
+  with open(path + '.tmp', 'w') as f:
+    json.dump(report, f, indent=1)
+  os.replace(path + '.tmp', path)
+
+
 def _load() -> str:
   return ', '.join(f'{x:.2f}' for x in os.getloadavg())
 
@@ -146,7 +165,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  help='seconds before a job is stopped')
   p.add_argument('--doc', default=None,
                  help='markdown file whose runlocal table to replace')
+  p.add_argument('--from_report', default=None, metavar='JSON',
+                 help='run nothing: write the table (and --doc) of a '
+                 'runlocal.json an earlier command wrote, finished or not')
   args = p.parse_args(argv)
+  if args.from_report:
+    with open(args.from_report) as f:
+      report = json.load(f)
+    table = markdown(report)
+    print(table)
+    if args.doc:
+      write_doc(args.doc, table)
+    return 0
   tasks = [t for t in args.tasks.split(',') if t]
   configs = [m for m in args.mechanisms.split(',') if m]
   unknown = sorted(set(tasks) - set(TASKS))
@@ -157,11 +187,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   settings = {
       'date': datetime.datetime.now(datetime.timezone.utc).strftime(
           '%Y-%m-%d %H:%M UTC'),
-      'machine': f'{os.cpu_count()} CPU cores ({platform.machine()})',
+      'machine': f'{common.cpu_cores()} ({platform.machine()})',
       'load_start': _load(), 'commit': provenance.git_commit().get(
           'commit', 'unknown'),
       'command': command, 'tasks': tasks, 'configs': configs}
   records = []
+  report = {'settings': settings, 'records': records}
+  os.makedirs(args.out, exist_ok=True)
   for task in tasks:
     for config in configs:
       workdir = os.path.join(args.out, task, config)
@@ -171,11 +203,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       print(f'{task:10s} {config:16s} {record["status"]:8s} '
             f'{_mmss(record.get("wall_seconds"))}', flush=True)
       records.append(record)
+      # After every job: a stopped command keeps what it measured
+      # (`--from_report` writes its table).
+      _write_report(args.out, report)
   settings['load_end'] = _load()
-  report = {'settings': settings, 'records': records}
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, 'runlocal.json'), 'w') as f:
-    json.dump(report, f, indent=1)
+  _write_report(args.out, report)
   table = markdown(report)
   with open(os.path.join(args.out, 'runlocal.md'), 'w') as f:
     f.write(table + '\n')

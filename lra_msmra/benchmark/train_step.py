@@ -236,7 +236,7 @@ def markdown(report: Mapping[str, Any]) -> str:
       f'- Date (UTC): {env["date_utc"]}',
       f'- Device: {device.get("device_kind", "?")} '
       f'({device.get("backend", "?")}); CPU: {env["cpu"]}, '
-      f'{env["cpu_count"]} cores',
+      f'{env.get("cores", str(env["cpu_count"]) + " CPU cores")}',
       f'- Task `{s["task"]}`, config options '
       f'`{s["options"] or "(LRA)"}`, batch {s["batch"]}, lengths = '
       '`data.max_length` (the model adds a CLS token where the config '

@@ -54,3 +54,22 @@ def test_a_partial_run_says_what_it_left_out():
   report['settings'].update(tasks=list(runlocal.TASKS),
                             configs=list(runlocal.MECHANISMS))
   assert 'partial' not in runlocal.markdown(report)
+
+
+def test_a_stopped_run_keeps_its_jobs_and_its_table_says_so(tmp_path, capsys):
+  report = _report()
+  report['settings'].update(tasks=list(runlocal.TASKS),
+                            configs=list(runlocal.MECHANISMS))
+  del report['settings']['load_end']  # Written when the command ends.
+  path = tmp_path / 'runlocal.json'
+  path.write_text(runlocal.json.dumps(report))
+  doc = tmp_path / 'd.md'
+  doc.write_text(f'{runlocal.BEGIN}\nold\n{runlocal.END}\n')
+  assert runlocal.main(['--out', str(tmp_path / 'unused'), '--from_report',
+                        str(path), '--doc', str(doc)]) == 0
+  text = doc.read_text()
+  assert ('An unfinished run: the command was stopped after 3 of its 30 '
+          'jobs; the table has those.') in text
+  assert 'at end —' in text and '| listops | `cst` | 1:35 |' in text
+  assert not (tmp_path / 'unused').exists()  # Nothing was run.
+  assert 'An unfinished run' in capsys.readouterr().out
