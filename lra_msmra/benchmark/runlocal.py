@@ -101,17 +101,17 @@ def markdown(report: dict[str, Any]) -> str:
       '|---|---|---|---|---|---|---|---|']
   tasks, configs = head.get('tasks'), head.get('configs')
   notes = []
-  if tasks is not None and configs is not None and (
-      set(TASKS) - set(tasks) or set(MECHANISMS) - set(configs)):
-    notes.append(f'A partial run: {len(tasks) * len(configs)} of the '
-                 f'{len(TASKS) * len(MECHANISMS)} jobs of the full command '
-                 f'(tasks {", ".join(tasks)}; configs {", ".join(configs)}). '
-                 'The other jobs are not measured at this commit.')
-  if tasks is not None and configs is not None and (
-      len(report['records']) < len(tasks) * len(configs)):
-    notes.append(f'An unfinished run: the command was stopped after '
-                 f'{len(report["records"])} of its '
-                 f'{len(tasks) * len(configs)} jobs; the table has those.')
+  if tasks is not None and configs is not None:
+    jobs = len(tasks) * len(configs)
+    if set(TASKS) - set(tasks) or set(MECHANISMS) - set(configs):
+      notes.append(f'A partial run: {jobs} of the '
+                   f'{len(TASKS) * len(MECHANISMS)} jobs of the full command '
+                   f'(tasks {", ".join(tasks)}; configs {", ".join(configs)}). '
+                   'The other jobs are not measured at this commit.')
+    if len(report['records']) < jobs:
+      notes.append(f'An unfinished run: the command was stopped after '
+                   f'{len(report["records"])} of its {jobs} jobs; the table '
+                   'has those.')
   if notes:
     lines[1:1] = ['', ' '.join(notes)]
   for r in report['records']:

@@ -20,11 +20,15 @@ MODULES = {task: 'pathfinder' if task == 'pathx' else task
            for task in config_lib.TASKS}
 
 
-def _task_module(config: Any):
-  if config.task not in MODULES:
-    raise ValueError(f'Unknown task {config.task!r}; valid: '
+def _module(task: str):
+  if task not in MODULES:
+    raise ValueError(f'Unknown task {task!r}; valid: '
                      f'{list(config_lib.TASKS)}.')
-  return importlib.import_module(f'lra_msmra.data.{MODULES[config.task]}')
+  return importlib.import_module(f'lra_msmra.data.{MODULES[task]}')
+
+
+def _task_module(config: Any):
+  return _module(config.task)
 
 
 def data_source(config: Any) -> str:
@@ -47,11 +51,7 @@ def generator_settings(task: str, settings: Mapping[str, Any]
   """A task generator's recorded settings, completed with its defaults for
   the settings the generating call left out (see
   `pipeline.Task.generator_defaults`)."""
-  if task not in MODULES:
-    raise ValueError(f'Unknown task {task!r}; valid: '
-                     f'{list(config_lib.TASKS)}.')
-  module = importlib.import_module(f'lra_msmra.data.{MODULES[task]}')
-  return module.TASK.generator_settings(settings)
+  return _module(task).TASK.generator_settings(settings)
 
 
 def get_model_spec(config: Any) -> dict[str, Any]:
