@@ -661,24 +661,49 @@ def _scrub(value: Any) -> Any:
   return value
 
 
+def _read_scrubbed(path: str) -> Optional[Any]:
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return _scrub(json.load(f))
+
+
 def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
             ) -> list[str]:
   """Copies each run's results.json (paths scrubbed), config.json and
   deduplicated metrics.jsonl to `dest/<path under its --runs root>`, the
-  small files from which this command rebuilds tables and curves."""
-  written = []
+  small files from which this command rebuilds tables and curves.
+
+  A copy only ever replaces an earlier copy of the same run: if two runs
+  map to the same folder (e.g. two roots with the same layout), or the
+  folder holds a run with another config, nothing is written and the
+  command stops naming both.
+  """
+  targets = {}
   for run_dir in run_dirs:
     root = next((os.path.abspath(r) for r in roots
                  if run_dir.startswith(os.path.abspath(r) + os.sep)), None)
     rel = (os.path.relpath(run_dir, root) if root else
            os.path.basename(run_dir))
     out = os.path.join(dest, rel)
+    if out in targets:
+      raise SystemExit(
+          f'--collect: {targets[out]} and {run_dir} would both be copied to '
+          f'{out}; collect each --runs root into its own folder.')
+    config = _read_scrubbed(os.path.join(run_dir, 'config.json'))
+    held = _read_scrubbed(os.path.join(out, 'config.json'))
+    if config is not None and held is not None and config != held:
+      keys = sorted(_differing_keys(config, held))
+      raise SystemExit(
+          f'--collect: {out} holds a run with another config (differs in '
+          f'{", ".join(keys[:5])}) than {run_dir}; collect into another '
+          'folder, or delete that copy if it is meant to be replaced.')
+    targets[out] = run_dir
+  for out, run_dir in targets.items():
     os.makedirs(out, exist_ok=True)
     for name in (RESULTS_FILE, 'config.json'):
-      src = os.path.join(run_dir, name)
-      if os.path.exists(src):
-        with open(src) as f:
-          data = _scrub(json.load(f))
+      data = _read_scrubbed(os.path.join(run_dir, name))
+      if data is not None:
         with open(os.path.join(out, name), 'w') as f:
           json.dump(data, f, indent=1, sort_keys=True)
           f.write('\n')
@@ -687,8 +712,18 @@ def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
       with open(os.path.join(out, METRICS_FILE), 'w') as f:
         for record in read_metrics(mpath):
           f.write(json.dumps(record) + '\n')
-    written.append(out)
-  return written
+  return list(targets)
+
+
+def _differing_keys(a: Any, b: Any, prefix: str = '') -> list[str]:
+  """Dotted keys at which two nested dicts differ."""
+  if not (isinstance(a, dict) and isinstance(b, dict)):
+    return [prefix or '(top level)'] if a != b else []
+  keys = []
+  for k in sorted(set(a) | set(b)):
+    keys += _differing_keys(a.get(k), b.get(k),
+                            f'{prefix}.{k}' if prefix else k)
+  return keys
 
 
 DOC_BEGIN, DOC_END = '<!-- results:begin -->', '<!-- results:end -->'

@@ -332,6 +332,39 @@ def test_curves_collect_and_rebuild(tmp_path):
   assert (again / 'results.md').read_text() == text
 
 
+def test_collect_never_replaces_another_run(tmp_path):
+  def run(root, pos_emb, acc):
+    folder = root / 'xiong' / 'listops' / 'cst' / 'seed0'
+    _write_run(folder, 'listops', 'cst', 'xiong', acc, 0,
+               overrides={'model.pos_emb': pos_emb})
+    config = json.loads((folder / 'results.json').read_text())['config']
+    (folder / 'config.json').write_text(json.dumps(config))
+    return root
+  official = run(tmp_path / 'runs', 'none', 0.17)
+  diagnostic = run(tmp_path / 'diag', 'learned', 0.30)
+  copy, out = tmp_path / 'copy', str(tmp_path / 'out')
+  results.main(['results', '--runs', str(official), '--out', out,
+                '--collect', str(copy)])
+  copied = copy / 'xiong' / 'listops' / 'cst' / 'seed0' / 'results.json'
+  first = copied.read_text()
+  # The same run again (e.g. further on): its copy is updated.
+  results.main(['results', '--runs', str(official), '--out', out,
+                '--collect', str(copy)])
+  assert copied.read_text() == first
+  # Another run at the same path under its root: refused, copy unchanged.
+  with pytest.raises(SystemExit, match=r'another config \(differs in '
+                     r'model\.pos_emb\)'):
+    results.main(['results', '--runs', str(diagnostic), '--out', out,
+                  '--collect', str(copy)])
+  assert copied.read_text() == first
+  # Two roots of the same layout in one call: refused before writing.
+  fresh = tmp_path / 'fresh'
+  with pytest.raises(SystemExit, match='would both be copied'):
+    results.main(['results', '--runs', str(official), str(diagnostic),
+                  '--out', out, '--collect', str(fresh)])
+  assert not fresh.exists()
+
+
 def test_suite_without_data_stops_before_running(tmp_path):
   cmd = [sys.executable, 'launch/suite.py', '--protocol', 'xiong',
          '--mechanisms', 'cst', '--tasks', 'listops', '--root',
