@@ -693,7 +693,9 @@ def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
     config = _read_scrubbed(os.path.join(run_dir, 'config.json'))
     held = _read_scrubbed(os.path.join(out, 'config.json'))
     if config is not None and held is not None and config != held:
-      keys = sorted(_differing_keys(config, held))
+      flat, flat_held = (fingerprint_lib.flatten(c) for c in (config, held))
+      keys = sorted(k for k in set(flat) | set(flat_held)
+                    if flat.get(k) != flat_held.get(k))
       raise SystemExit(
           f'--collect: {out} holds a run with another config (differs in '
           f'{", ".join(keys[:5])}) than {run_dir}; collect into another '
@@ -713,17 +715,6 @@ def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
         for record in read_metrics(mpath):
           f.write(json.dumps(record) + '\n')
   return list(targets)
-
-
-def _differing_keys(a: Any, b: Any, prefix: str = '') -> list[str]:
-  """Dotted keys at which two nested dicts differ."""
-  if not (isinstance(a, dict) and isinstance(b, dict)):
-    return [prefix or '(top level)'] if a != b else []
-  keys = []
-  for k in sorted(set(a) | set(b)):
-    keys += _differing_keys(a.get(k), b.get(k),
-                            f'{prefix}.{k}' if prefix else k)
-  return keys
 
 
 DOC_BEGIN, DOC_END = '<!-- results:begin -->', '<!-- results:end -->'
