@@ -6,7 +6,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 
@@ -50,6 +50,15 @@ def devices(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
           'device_kind': devs[0].device_kind,
           'num_devices': len(devs),
           'num_processes': jax.process_count()}
+
+
+def extend_history(history: Sequence[Mapping[str, Any]],
+                   device: Mapping[str, Any], start: int, step: int
+                   ) -> list[dict[str, Any]]:
+  """`history` (the checkpoint's list of {devices, from_step, to_step}) with
+  this process's steps `start`..`step` on `device` appended."""
+  return [dict(h) for h in history] + [
+      dict(device, from_step=int(start), to_step=int(step))]
 
 
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:

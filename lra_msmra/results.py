@@ -25,7 +25,8 @@ proportional to peak memory. Speed and memory come from `--benchmark` (a
 `--bubble_length`, default its longest length that softmax completed); the
 benchmark's records are matched to runs by attention name. Without it,
 speed is the geometric mean over tasks of each run's `train_steps_per_sec`
-relative to softmax's under the same protocol, and all circles have one
+relative to softmax's under the same protocol, from runs trained on the
+same kind of device as softmax's, and all circles have one
 size (memory unknown). Averages over fewer than five tasks are marked.
 
 Outputs in `--out`: `results.md` (also printed), `results_table.json` (the
@@ -194,6 +195,27 @@ def label_runs(runs: Sequence[dict[str, Any]],
     run['changes'] = ['no config file of this attention to compare with']
 
 
+def device_kinds(run: Mapping[str, Any]) -> list[str]:
+  """The device kinds that trained a run, in order, from its results.json:
+  one per entry of `device_history`. A run written before that history was
+  kept records only the devices of the process that finished it, which may
+  not be the ones that trained its earlier steps: its kind is marked `(last
+  process)`. [] if nothing was recorded."""
+  prov = run.get('provenance') or {}
+  history = prov.get('device_history')
+  last_only = not history and bool(prov.get('devices'))
+  if last_only:
+    history = [prov['devices']]
+  kinds: list[str] = []
+  for h in history or []:
+    kind = h.get('device_kind') or h.get('platform') or '?'
+    if h.get('num_devices', 1) > 1:
+      kind = f'{h["num_devices"]}× {kind}'
+    if not kinds or kinds[-1] != kind:
+      kinds.append(kind)
+  return [f'{k} (last process)' for k in kinds] if last_only else kinds
+
+
 def data_label(record: Mapping[str, Any]) -> str:
   """'' for release data; otherwise what the data was."""
   kind = record.get('kind')
@@ -234,8 +256,14 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
            'tasks': {}}
     for task, task_runs in tasks.items():
       acc = [100.0 * r['test_accuracy'] for r in task_runs]
+      # Speeds are averaged only over runs trained on one kind of device,
+      # the same for all of them (or all with none recorded); else the cell
+      # has no speed.
+      kinds = {tuple(device_kinds(r)) for r in task_runs}
+      one_kind = len(kinds) == 1 and len(next(iter(kinds))) <= 1
+      device = next(iter(next(iter(kinds))), None) if one_kind else None
       speed = [r['train_steps_per_sec'] for r in task_runs
-               if r.get('train_steps_per_sec')]
+               if r.get('train_steps_per_sec')] if one_kind else []
       row['tasks'][task] = {
           'mean': statistics.fmean(acc),
           'std': statistics.stdev(acc) if len(acc) > 1 else 0.0,
@@ -244,6 +272,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
           'reported': sorted({r.get('reported', '?') for r in task_runs}),
           'fingerprint': task_runs[0]['fingerprint'],
           'steps_per_sec': statistics.fmean(speed) if speed else None,
+          'device': device,
           'num_params': task_runs[0].get('num_params'),
           'paths': [r['path'] for r in task_runs]}
     done = [t for t in AVERAGE_TASKS if t in row['tasks']]
@@ -373,14 +402,15 @@ def markdown(rows: Sequence[Mapping[str, Any]],
                               + _score_cells(r) for r in mock]), '']
   lines += ['## Runs', '', _table(
       ['run', 'protocol', 'task', 'seed', 'best-val test', 'final test',
-       'headline', 'steps/s', 'training time', 'data', 'fingerprint',
-       'parameters'],
+       'headline', 'steps/s', 'training time', 'device', 'data',
+       'fingerprint', 'parameters'],
       [[f'`{r["mechanism"]}`', r['protocol'], r['task'],
         r.get('config', {}).get('seed', '—'),
         _pct(r.get('best', {}).get('test_accuracy')),
         _pct(r.get('final', {}).get('test_accuracy')), r.get('reported', '?'),
         _num(r.get('train_steps_per_sec'), '.2f'),
         _train_time(r),
+        ' → '.join(device_kinds(r)) or '—',
         data_label(r['data_source']) or 'release', r['fingerprint'],
         _num(r.get('num_params'), ',')]
        for r in sorted(runs, key=lambda r: (r['protocol'], r['task'],
@@ -462,7 +492,8 @@ def _run_speeds(rows: Sequence[Mapping[str, Any]]
     ratios = [c['steps_per_sec'] / base['tasks'][t]['steps_per_sec']
               for t, c in r['tasks'].items()
               if c['steps_per_sec'] and t in base['tasks']
-              and base['tasks'][t]['steps_per_sec']]
+              and base['tasks'][t]['steps_per_sec']
+              and c.get('device') == base['tasks'][t].get('device')]
     if ratios:
       out[(r['protocol'], r['mechanism'])] = math.exp(
           statistics.fmean(math.log(x) for x in ratios))

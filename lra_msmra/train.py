@@ -414,11 +414,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # metrics.Progress) summed over the processes that trained.
   earlier_seconds = 0.0
   earlier_steady = (0, 0.0)
+  # Which devices trained which steps: one entry per process that trained,
+  # so a run resumed on other hardware says so (`provenance.device_history`).
+  earlier_devices: list[dict[str, Any]] = []
   if restored is not None:
     start, state, meta = restored
     best = meta['best']
     earlier_seconds = float(meta.get('train_seconds', 0.0))
     earlier_steady = tuple(meta.get('steady', (0, 0.0)))
+    earlier_devices = list(meta.get('devices', []))
     ckpt.drop_best_after(start)
     metrics_lib.log(f'Resumed from step {start} ({ckpt.latest.directory}).')
   else:
@@ -475,13 +479,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # included: what the checkpoint carries and the results report.
   saved_steady = earlier_steady
 
+  this_device = provenance_lib.devices(mesh)
+  saved_devices = earlier_devices
+
   def save(step: int) -> None:
-    nonlocal last_saved, saved_steady
+    nonlocal last_saved, saved_steady, saved_devices
     steps, seconds = progress.steady(step)
     saved_steady = (earlier_steady[0] + steps, earlier_steady[1] + seconds)
+    saved_devices = provenance_lib.extend_history(
+        earlier_devices, this_device, start, step)
     meta = {'step': step, 'best': best,
             'train_seconds': earlier_seconds + time.time() - loop_start,
-            'steady': saved_steady,
+            'steady': saved_steady, 'devices': saved_devices,
             'data_position': {'next_train_batch': step, 'seed': config.seed,
                               'examples_consumed': step * config.batch_size}}
     # The metrics of `step` reach the disk before its checkpoint does.
@@ -606,7 +615,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'data_source': data_record,
       'setting_fingerprint': fingerprint_lib.fingerprint(run_setting),
       'launch': dict(launch or {}),
-      'provenance': provenance_lib.collect(mesh),
+      'provenance': dict(provenance_lib.collect(mesh),
+                         device_history=saved_devices),
       'train_seconds': train_seconds,
       'wall_seconds': time.time() - start_time,
       'config': config_dict,

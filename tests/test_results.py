@@ -135,6 +135,47 @@ def test_bubble_speed_from_runs_without_benchmark(runs_dir, tmp_path):
   assert 'adamra' not in speed  # no softmax run under its protocol.
 
 
+def _set_devices(path, history=None, last=None):
+  with open(path) as f:
+    data = json.load(f)
+  data['provenance'] = {'devices': last or history[-1]}
+  if history is not None:
+    data['provenance']['device_history'] = history
+  with open(path, 'w') as f:
+    json.dump(data, f)
+
+
+def test_speeds_and_devices_of_runs_on_different_hardware(runs_dir, tmp_path):
+  cpu = {'platform': 'cpu', 'device_kind': 'cpu', 'num_devices': 1}
+  gpu = {'platform': 'gpu', 'device_kind': 'H100', 'num_devices': 1}
+  seed0 = runs_dir / 'lra/listops/transformer/seed0/results.json'
+  seed1 = runs_dir / 'lra/listops/transformer/seed1/results.json'
+  fixed = runs_dir / 'lra/listops/combiner_fixed/seed0/results.json'
+  axial = runs_dir / 'lra/listops/combiner_axial/seed0/results.json'
+  _set_devices(seed0, [dict(gpu, from_step=0, to_step=10)])
+  _set_devices(seed1, [dict(gpu, from_step=0, to_step=10)])
+  # Resumed on other hardware: both kinds, in order, and no cell speed.
+  _set_devices(fixed, [dict(cpu, from_step=0, to_step=6),
+                       dict(gpu, from_step=6, to_step=10)])
+  # Written before the history was kept: only the finishing process known.
+  _set_devices(axial, last=dict(cpu))
+  runs = _labelled(runs_dir)
+  by_label = {r['mechanism']: r for r in runs}
+  assert results.device_kinds(by_label['combiner_fixed']) == ['cpu', 'H100']
+  assert results.device_kinds(by_label['combiner_axial']) == [
+      'cpu (last process)']
+  rows = {r['mechanism']: r for r in results.aggregate(runs)}
+  assert rows['transformer']['tasks']['listops']['device'] == 'H100'
+  assert rows['transformer']['tasks']['listops']['steps_per_sec'] == 10.0
+  assert rows['combiner_fixed']['tasks']['listops']['steps_per_sec'] is None
+  # A speed ratio needs both runs on the same kind of device.
+  points = results.bubble_chart(list(rows.values()), str(tmp_path / 'b.png'))
+  speed = {p['label']: p['relative_speed'] for p in points}
+  assert 'combiner_fixed' not in speed and 'combiner_axial' not in speed
+  table = results.markdown(list(rows.values()), runs)
+  assert '| cpu → H100 |' in table and '| cpu (last process) |' in table
+
+
 def _labelled(runs_dir):
   runs = [results.load_run(p) for p in results.find_results([str(runs_dir)])]
   results.label_runs(runs)

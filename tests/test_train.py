@@ -156,6 +156,13 @@ def test_resume_continues_at_the_right_step(tmp_path, finished_run):
   records = _metrics(workdir)
   assert [r['step'] for r in records] == [2, 4]
   assert records[1]['train/loss'] == _metrics(full_dir)[1]['train/loss']
+  # Which devices trained which steps: one entry per process, here the
+  # same CPU twice (steps 0-2, then 2-4); the uninterrupted run has one.
+  history = resumed['provenance']['device_history']
+  assert [(h['from_step'], h['to_step']) for h in history] == [(0, 2), (2, 4)]
+  assert {h['platform'] for h in history} == {'cpu'}
+  assert [(h['from_step'], h['to_step']) for h in
+          full_results['provenance']['device_history']] == [(0, 4)]
 
 
 def test_speed_survives_a_stop_between_last_checkpoint_and_results(
