@@ -25,8 +25,9 @@ proportional to peak memory. Speed and memory come from `--benchmark` (a
 `--bubble_length`, default its longest length that softmax completed); the
 benchmark's records are matched to runs by attention name. Without it,
 speed is the geometric mean over tasks of each run's `train_steps_per_sec`
-relative to softmax's under the same protocol, from runs trained on the
-same kind of device as softmax's, and all circles have one
+relative to softmax's under the same protocol, from runs known to be
+trained on the same one kind of device as softmax's (their `device_history`),
+and all circles have one
 size (memory unknown). Averages over fewer than five tasks are marked.
 
 Outputs in `--out`: `results.md` (also printed), `results_table.json` (the
@@ -195,6 +196,9 @@ def label_runs(runs: Sequence[dict[str, Any]],
     run['changes'] = ['no config file of this attention to compare with']
 
 
+LAST_PROCESS = ' (last process)'
+
+
 def device_kinds(run: Mapping[str, Any]) -> list[str]:
   """The device kinds that trained a run, in order, from its results.json:
   one per entry of `device_history`. A run written before that history was
@@ -213,7 +217,7 @@ def device_kinds(run: Mapping[str, Any]) -> list[str]:
       kind = f'{h["num_devices"]}× {kind}'
     if not kinds or kinds[-1] != kind:
       kinds.append(kind)
-  return [f'{k} (last process)' for k in kinds] if last_only else kinds
+  return [k + LAST_PROCESS for k in kinds] if last_only else kinds
 
 
 def data_label(record: Mapping[str, Any]) -> str:
@@ -256,14 +260,15 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
            'tasks': {}}
     for task, task_runs in tasks.items():
       acc = [100.0 * r['test_accuracy'] for r in task_runs]
-      # Speeds are averaged only over runs trained on one kind of device,
-      # the same for all of them (or all with none recorded); else the cell
-      # has no speed.
+      # Speeds are averaged only over runs known to be trained on one kind
+      # of device, the same for all of them (a recorded device history);
+      # else the cell has no speed.
       kinds = {tuple(device_kinds(r)) for r in task_runs}
-      one_kind = len(kinds) == 1 and len(next(iter(kinds))) <= 1
-      device = next(iter(next(iter(kinds))), None) if one_kind else None
+      kind = next(iter(kinds)) if len(kinds) == 1 else ()
+      device = (kind[0] if len(kind) == 1 and
+                not kind[0].endswith(LAST_PROCESS) else None)
       speed = [r['train_steps_per_sec'] for r in task_runs
-               if r.get('train_steps_per_sec')] if one_kind else []
+               if r.get('train_steps_per_sec')] if device else []
       row['tasks'][task] = {
           'mean': statistics.fmean(acc),
           'std': statistics.stdev(acc) if len(acc) > 1 else 0.0,
@@ -556,6 +561,12 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
     ys = [p['average'] for p in points]
     ax.set_xlim(0, max(xs) * 1.25)
     ax.set_ylim(min(ys) - 3, max(ys) + 3)
+  else:
+    ax.text(0.5, 0.5, 'No point to draw: no run has a speed comparable with '
+            'a softmax run\n(the same protocol and tasks, and a device '
+            'history of one kind of device, the same),\nand no --benchmark '
+            'was given.', transform=ax.transAxes, ha='center', va='center',
+            fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -126,6 +126,9 @@ def test_results_command(runs_dir, tmp_path):
 
 
 def test_bubble_speed_from_runs_without_benchmark(runs_dir, tmp_path):
+  cpu = {'platform': 'cpu', 'device_kind': 'cpu', 'num_devices': 1}
+  for path in results.find_results([str(runs_dir)]):
+    _set_devices(path, [dict(cpu, from_step=0, to_step=10)])
   rows = results.aggregate(_labelled(runs_dir))
   points = results.bubble_chart(rows, str(tmp_path / 'b.png'))
   speed = {p['label']: p['relative_speed'] for p in points}
@@ -157,23 +160,25 @@ def test_speeds_and_devices_of_runs_on_different_hardware(runs_dir, tmp_path):
   # Resumed on other hardware: both kinds, in order, and no cell speed.
   _set_devices(fixed, [dict(cpu, from_step=0, to_step=6),
                        dict(gpu, from_step=6, to_step=10)])
-  # Written before the history was kept: only the finishing process known.
-  _set_devices(axial, last=dict(cpu))
+  # Written before the history was kept: only the finishing process known,
+  # so its speed is not compared either.
+  _set_devices(axial, last=dict(gpu))
   runs = _labelled(runs_dir)
   by_label = {r['mechanism']: r for r in runs}
   assert results.device_kinds(by_label['combiner_fixed']) == ['cpu', 'H100']
   assert results.device_kinds(by_label['combiner_axial']) == [
-      'cpu (last process)']
+      'H100 (last process)']
   rows = {r['mechanism']: r for r in results.aggregate(runs)}
   assert rows['transformer']['tasks']['listops']['device'] == 'H100'
   assert rows['transformer']['tasks']['listops']['steps_per_sec'] == 10.0
   assert rows['combiner_fixed']['tasks']['listops']['steps_per_sec'] is None
+  assert rows['combiner_axial']['tasks']['listops']['steps_per_sec'] is None
   # A speed ratio needs both runs on the same kind of device.
   points = results.bubble_chart(list(rows.values()), str(tmp_path / 'b.png'))
   speed = {p['label']: p['relative_speed'] for p in points}
   assert 'combiner_fixed' not in speed and 'combiner_axial' not in speed
   table = results.markdown(list(rows.values()), runs)
-  assert '| cpu → H100 |' in table and '| cpu (last process) |' in table
+  assert '| cpu → H100 |' in table and '| H100 (last process) |' in table
 
 
 def _labelled(runs_dir):
