@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -34,6 +35,25 @@ def git_commit(path: Optional[str] = None) -> dict[str, Any]:
           'dirty': bool(status.stdout.strip())}
 
 
+def source_digest(path: Optional[str] = None) -> str:
+  """SHA-256 (first 16 hex digits) of the package's Python sources under
+  `path` (default: this package): each file's path relative to `path` and
+  its bytes, in sorted order. Names the code of a run where there is no git
+  checkout (a copied tree, an installed package); equal digests mean equal
+  package code."""
+  root = path or os.path.dirname(os.path.abspath(__file__))
+  files = []
+  for folder, dirs, names in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d != '__pycache__')
+    files += [os.path.join(folder, n) for n in names if n.endswith('.py')]
+  digest = hashlib.sha256()
+  for name in sorted(files, key=lambda f: os.path.relpath(f, root)):
+    digest.update(os.path.relpath(name, root).encode() + b'\0')
+    with open(name, 'rb') as f:
+      digest.update(f.read() + b'\0')
+  return digest.hexdigest()[:16]
+
+
 def versions() -> dict[str, str]:
   out = {'python': platform.python_version()}
   for name in PACKAGES:
@@ -63,5 +83,6 @@ def extend_history(history: Sequence[Mapping[str, Any]],
 
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
   """Code, versions and devices of this process, for results.json."""
-  return {'code': git_commit(), 'versions': versions(),
+  return {'code': dict(git_commit(), source_digest=source_digest()),
+          'versions': versions(),
           'devices': devices(mesh)}
