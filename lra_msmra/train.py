@@ -157,11 +157,22 @@ def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
   diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
   blocking = [k for k in diff if k not in RESUMABLE_CHANGES]
   if blocking:
+    changes = '; '.join(f'{k}: {_short(old.get(k))} there, '
+                        f'{_short(new.get(k))} now' for k in blocking)
+    hint = (' A moved data folder: make it readable at the recorded path '
+            '(e.g. a symbolic link) to resume.'
+            if any(k.endswith('data_dir') for k in blocking) else '')
     raise ValueError(
         f'{workdir} holds a run with a different config (keys {blocking} '
-        'differ). Resume it with the same config, or use a new --workdir.')
+        f'differ: {changes}). Resume it with the same config, or use a new '
+        f'--workdir.{hint}')
   if diff:
     metrics_lib.log(f'Resuming with changed {diff}.')
+
+
+def _short(value: Any, limit: int = 80) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 class _SigtermFlag:

@@ -284,8 +284,17 @@ def test_a_stale_lock_is_replaced(tmp_path):
 
 def test_resume_with_a_different_config_is_refused(finished_run):
   _, workdir, _ = finished_run
-  with pytest.raises(ValueError, match='different config'):
+  with pytest.raises(ValueError, match='different config') as e:
     train.train_and_evaluate(helpers.tiny_listops_config(seed=1), workdir)
+  # Names each differing key with both values.
+  assert "keys ['seed'] differ: seed: 0 there, 1 now" in str(e.value)
+  # A moved data folder gets the way to resume (the check that runs before
+  # any data is read).
+  config = helpers.tiny_listops_config()
+  config.data_dir = '/elsewhere/listops'
+  with pytest.raises(ValueError, match='symbolic link') as e:
+    train._check_resume_config(workdir, config)  # pylint: disable=protected-access
+  assert '"/elsewhere/listops" now' in str(e.value)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
