@@ -25,10 +25,10 @@ proportional to peak memory. Speed and memory come from `--benchmark` (a
 `--bubble_length`, default its longest length that softmax completed); the
 benchmark's records are matched to runs by attention name. Without it,
 speed is the geometric mean over tasks of each run's `train_steps_per_sec`
-relative to softmax's under the same protocol, from runs known to be
-trained on the same one kind of device as softmax's (their `device_history`),
-and all circles have one
-size (memory unknown). Averages over fewer than five tasks are marked.
+relative to softmax's under the same protocol, from runs known (by their
+`device_history`) to be trained on one kind of device, the same as
+softmax's, and all circles have one size (memory unknown). Averages over
+fewer than five tasks are marked.
 
 Outputs in `--out`: `results.md` (also printed), `results_table.json` (the
 aggregated rows; not named results.json, so that an output folder inside
