@@ -72,6 +72,12 @@ def fingerprint(values: Mapping[str, Any]) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+  """The keys of either mapping whose values differ (a missing key reads
+  as None), sorted."""
+  return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
 def differences(values: Mapping[str, Any], reference: Mapping[str, Any],
                 *, skip_prefix: str = 'data_source.') -> list[str]:
   """`key=value` for every key whose value differs from `reference`

@@ -735,9 +735,8 @@ def collect(run_dirs: Sequence[str], roots: Sequence[str], dest: str
     config = _read_scrubbed(os.path.join(run_dir, 'config.json'))
     held = _read_scrubbed(os.path.join(out, 'config.json'))
     if config is not None and held is not None and config != held:
-      flat, flat_held = (fingerprint_lib.flatten(c) for c in (config, held))
-      keys = sorted(k for k in set(flat) | set(flat_held)
-                    if flat.get(k) != flat_held.get(k))
+      keys = fingerprint_lib.differing_keys(fingerprint_lib.flatten(config),
+                                            fingerprint_lib.flatten(held))
       raise SystemExit(
           f'--collect: {out} holds a run with another config (differs in '
           f'{", ".join(keys[:5])}) than {run_dir}; collect into another '

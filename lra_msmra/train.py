@@ -154,7 +154,7 @@ def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
   with open(path) as f:
     old = json.load(f)
   new = json.loads(config.to_json())
-  diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+  diff = fingerprint_lib.differing_keys(old, new)
   blocking = [k for k in diff if k not in RESUMABLE_CHANGES]
   if blocking:
     changes = '; '.join(f'{k}: {_short(old.get(k))} there, '
