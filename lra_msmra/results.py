@@ -50,6 +50,7 @@ from lra_msmra import config_lib
 from lra_msmra import data
 from lra_msmra import fingerprint as fingerprint_lib
 from lra_msmra import published
+from lra_msmra import reporting
 
 TASKS = published.TASKS
 AVERAGE_TASKS = published.AVERAGE_TASKS
@@ -367,7 +368,7 @@ def markdown(rows: Sequence[Mapping[str, Any]],
                         for t in TASKS]
                      + ['—' if ref.avg is None else f'{ref.avg:.2f}'])
       lines += [f'## Protocol: {title} (`{protocol}`)', '',
-                _table(header, table), '']
+                reporting.markdown_table(header, table), '']
       if notes:
         lines += [f'[{i}] {n}' for i, n in enumerate(notes, 1)] + ['']
       others = [r for r in published.ALL_ROWS
@@ -376,7 +377,7 @@ def markdown(rows: Sequence[Mapping[str, Any]],
       if others:
         lines += ['The same mechanisms as published under other protocols '
                   '(other model sizes and training: not comparable with '
-                  'the table above):', '', _table(header, [
+                  'the table above):', '', reporting.markdown_table(header, [
                       [ref.model, published.PROTOCOL_TITLES.get(
                           ref.protocol, ref.protocol), ref.source]
                       + [f'{ref.scores[t]:.2f}' if t in ref.scores else '—'
@@ -387,25 +388,28 @@ def markdown(rows: Sequence[Mapping[str, Any]],
       lines += [f'## {title} (`{protocol}`), changed settings', '',
                 'Not comparable with the published rows: each label names '
                 'the config file these runs differ from and what differs.',
-                '', _table(header, [[_ours(r), title, 'this repo, changed']
-                                    + _score_cells(r) for r in changed]), '']
+                '', reporting.markdown_table(header, [
+                    [_ours(r), title, 'this repo, changed'] + _score_cells(r)
+                    for r in changed]), '']
   quick = [r for r in on_real if r.get('runlocal')]
   if quick:
     lines += ['## `runlocal` jobs: quick checks, not results', '',
               'Small models trained for minutes on small generated data (the '
               '`runlocal` option of a config file, docs/runlocal.md); never '
               'comparable with any published number.', '',
-              _table(header, [[_ours(r), published.PROTOCOL_TITLES.get(
-                  r['protocol'], r['protocol']), 'this repo, runlocal']
-                              + _score_cells(r) for r in quick]), '']
+              reporting.markdown_table(header, [
+                  [_ours(r), published.PROTOCOL_TITLES.get(
+                      r['protocol'], r['protocol']), 'this repo, runlocal']
+                  + _score_cells(r) for r in quick]), '']
   mock = [r for r in rows if r['data_kind'] not in REAL_DATA_KINDS]
   if mock:
     lines += ['## Mock or unknown data: plumbing checks, not results', '',
               'Examples that only have the task\'s file format; never '
               'comparable with any published number.', '',
-              _table(header, [[_ours(r), r['protocol'], 'this repo']
-                              + _score_cells(r) for r in mock]), '']
-  lines += ['## Runs', '', _table(
+              reporting.markdown_table(header, [
+                  [_ours(r), r['protocol'], 'this repo'] + _score_cells(r)
+                  for r in mock]), '']
+  lines += ['## Runs', '', reporting.markdown_table(
       ['run', 'protocol', 'task', 'seed', 'best-val test', 'final test',
        'headline', 'steps/s', 'training time', 'device', 'data',
        'fingerprint', 'parameters'],
@@ -448,13 +452,6 @@ def _duration(seconds: Optional[float]) -> str:
     return '—'
   hours, rest = divmod(int(round(seconds)), 3600)
   return f'{hours}:{rest // 60:02d}:{rest % 60:02d}'
-
-
-def _table(header, rows) -> str:
-  out = ['| ' + ' | '.join(header) + ' |',
-         '|' + '|'.join('---' for _ in header) + '|']
-  out += ['| ' + ' | '.join(str(c) for c in row) + ' |' for row in rows]
-  return '\n'.join(out)
 
 
 # ------------------------------------------------------------------ bubbles
@@ -509,7 +506,6 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
                  bench: Optional[Mapping[str, Any]] = None,
                  bubble_length: Optional[int] = None) -> list[dict[str, Any]]:
   """Draws the accuracy-vs-speed chart; returns the plotted points."""
-  from lra_msmra.benchmark import common  # pylint: disable=g-import-not-at-top
   if bench is not None:
     bench_points, caption = _benchmark_points(bench, bubble_length)
   else:
@@ -534,7 +530,7 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
                    'average': r['average'],
                    'average_tasks': r['average_tasks'],
                    'relative_speed': speed, 'memory_bytes': memory})
-  plt = common.pyplot()
+  plt = reporting.pyplot()
   fig, ax = plt.subplots(figsize=(7, 5))
   memories = [p['memory_bytes'] for p in points if p['memory_bytes']]
   biggest = max(memories) if memories else None
@@ -548,7 +544,7 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
         f' ({p["average_tasks"]}/5 tasks)')
     text = f'{p["label"]} [{p["protocol"]}]{mark}'
     if p['memory_bytes']:
-      text += f'\n{common.fmt_bytes(p["memory_bytes"])}'
+      text += f'\n{reporting.fmt_bytes(p["memory_bytes"])}'
     ax.annotate(text, (p['relative_speed'], p['average']), fontsize=7,
                 ha='center', va='center')
   ax.set_xlabel('speed relative to softmax (×)')
@@ -645,7 +641,6 @@ def curves_chart(run_dirs: Sequence[str],
                  path: str) -> list[dict[str, Any]]:
   """Loss and accuracy (training and validation) against step, one line per
   run, one figure row per protocol/task; returns what each line shows."""
-  from lra_msmra.benchmark import common  # pylint: disable=g-import-not-at-top
   series = []
   for run_dir in run_dirs:
     mpath = metrics_path(run_dir)
@@ -663,7 +658,7 @@ def curves_chart(run_dirs: Sequence[str],
   groups = sorted({s['group'] for s in series})
   if not groups:
     return series
-  plt = common.pyplot()
+  plt = reporting.pyplot()
   fig, axes = plt.subplots(len(groups), len(CURVE_PANELS),
                            figsize=(4.2 * len(CURVE_PANELS),
                                     3.4 * len(groups)), squeeze=False)

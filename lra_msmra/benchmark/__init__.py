@@ -7,6 +7,6 @@
   (LRA Table 2 style: steps/s and peak memory relative to softmax).
 
 Every measured point runs in a separate process, so that its peak memory is
-its own (see `lra_msmra.benchmark.common`). docs/benchmarks.md records the
+its own (see `lra_msmra.benchmark.workers`). docs/benchmarks.md records the
 figures and the commands that produced them.
 """

@@ -24,10 +24,10 @@ before the forward pass ends. Dropout is off (deterministic).
 Per point (mechanism, length, mode) a separate worker process records the
 median time, the compile time, the net peak memory and the analytic matmul
 FLOPs (`lra_msmra.benchmark.flops`), plus XLA's own FLOP estimate and
-temporary-buffer size where the backend reports them; how time and memory
-are measured and how points that would not fit are skipped is in
-`lra_msmra.benchmark.common`. Ratios to `--baseline` (default softmax) use
-figures of the same run.
+temporary-buffer size where the backend reports them; how time is measured
+is in `lra_msmra.benchmark.workers`, how memory is measured and how points
+that would not fit are skipped in `lra_msmra.benchmark.memory`. Ratios to
+`--baseline` (default softmax) use figures of the same run.
 
 PyTorch (optional, `--torch auto|on|off`): with PyTorch importable, every
 point is also run with the straightforward PyTorch version of the same
@@ -77,9 +77,14 @@ import sys
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from lra_msmra.benchmark import common
+from lra_msmra import reporting
+from lra_msmra.benchmark import environment
+from lra_msmra.benchmark import memory
 from lra_msmra.benchmark import official_combiner
 from lra_msmra.benchmark import official_ls
+from lra_msmra.benchmark import outputs
+from lra_msmra.benchmark import specs
+from lra_msmra.benchmark import workers
 
 MODULE = 'lra_msmra.benchmark.attention'
 MODES = ('fwd', 'fwd_bwd')
@@ -152,7 +157,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                  choices=('float32', 'bfloat16'))
   p.add_argument('--modes', default=','.join(MODES),
                  help='comma-separated subset of fwd,fwd_bwd')
-  common.add_measurement_flags(p)
+  workers.add_measurement_flags(p)
   p.add_argument('--torch', default='auto', choices=('auto', 'on', 'off'),
                  help='PyTorch comparison: auto = if importable')
   p.add_argument('--torch_check_length', type=int, default=256,
@@ -179,8 +184,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--growth_from', type=int, default=4096,
                  help='length the growth table divides by')
   args = p.parse_args(argv)
-  args.specs = common.parse_specs(args.mechanisms)
-  args.length_list = common.parse_lengths(args.lengths)
+  args.specs = specs.parse_specs(args.mechanisms)
+  args.length_list = specs.parse_lengths(args.lengths)
   args.mode_list = [m.strip() for m in args.modes.split(',') if m.strip()]
   bad = sorted(set(args.mode_list) - set(MODES))
   if bad or not args.mode_list:
@@ -338,16 +343,16 @@ def _time_jax(payload: Mapping[str, Any], fn: Callable[..., Any],
     xla_temp = int(compiled.memory_analysis().temp_size_in_bytes)
   except Exception:  # pylint: disable=broad-except
     pass
-  with common.PeakMemory(jax.devices()[0]) as meter:
-    timing = common.time_calls(
+  with memory.PeakMemory(jax.devices()[0]) as meter:
+    timing = workers.time_calls(
         lambda: compiled(*args), jax.block_until_ready,
         warmup=payload['warmup'], repeats=payload['repeats'],
         max_seconds=payload['max_repeat_seconds'])
   result = {'compile_s': compile_s, 'flops': counted['flops'],
             'flops_notes': counted['notes'], 'xla_flops': xla_flops,
             'xla_temp_bytes': xla_temp, 'memory': meter.result(),
-            'process_peak_bytes': common.process_peak_bytes(),
-            'device': common.jax_device_info(), **timing}
+            'process_peak_bytes': memory.process_peak_bytes(),
+            'device': environment.jax_device_info(), **timing}
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
   return result
 
@@ -395,13 +400,13 @@ def _time_torch(payload: Mapping[str, Any], fn: Callable[..., Any],
       y = fn(tx, tmask)
       y.backward(tg)
       return y
-  with common.PeakMemory() as meter:
-    timing = common.time_calls(call, lambda _: None,
-                               warmup=payload['warmup'],
-                               repeats=payload['repeats'],
-                               max_seconds=payload['max_repeat_seconds'])
+  with memory.PeakMemory() as meter:
+    timing = workers.time_calls(call, lambda _: None,
+                                warmup=payload['warmup'],
+                                repeats=payload['repeats'],
+                                max_seconds=payload['max_repeat_seconds'])
   result = {'memory': meter.result(),
-            'process_peak_bytes': common.process_peak_bytes(),
+            'process_peak_bytes': memory.process_peak_bytes(),
             'torch_threads': torch.get_num_threads(),
             'torch_version': torch.__version__, **timing}
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
@@ -556,7 +561,7 @@ def worker_main(payload: Mapping[str, Any]) -> None:
     result = worker(payload)
   except NotImplementedError as e:
     result = {'status': 'unsupported', 'reason': str(e)}
-  common.emit_result(result)
+  workers.emit_result(result)
 
 
 # ------------------------------------------------------------ orchestration
@@ -566,7 +571,7 @@ def _torch_available() -> bool:
   return importlib.util.find_spec('torch') is not None
 
 
-def _payload(args, spec: common.Spec, backend: str, mode: str, length: int
+def _payload(args, spec: specs.Spec, backend: str, mode: str, length: int
              ) -> dict[str, Any]:
   payload = {'backend': backend, 'mode': mode, 'name': spec.name,
              'kw': dict(spec.kw), 'length': length, 'batch': args.batch,
@@ -583,9 +588,9 @@ def _payload(args, spec: common.Spec, backend: str, mode: str, length: int
   return payload
 
 
-def _official_check(args, spec: common.Spec, budget) -> dict[str, Any]:
+def _official_check(args, spec: specs.Spec, budget) -> dict[str, Any]:
   """Runs the official output check of `spec` and logs it (loudly if bad)."""
-  check = common.run_worker(
+  check = workers.run_worker(
       MODULE, _payload(args, spec, 'official', 'check', 0),
       memory_budget_bytes=budget, timeout_s=args.timeout_s)
   if check.get('status') == 'ok' and not check['passed']:
@@ -594,12 +599,12 @@ def _official_check(args, spec: common.Spec, budget) -> dict[str, Any]:
         f'max |ours - official| on real rows {check["max_abs_diff"]:.3e} > '
         f'tolerance {check["tolerance"]:.1e} at N={check["check_length"]}')
   if check['status'] in ('ok', 'unsupported'):
-    common.log(f'[{spec.label}] official check: {check["status"]} '
-               f'{check.get("max_abs_diff", check.get("reason", ""))}')
+    workers.log(f'[{spec.label}] official check: {check["status"]} '
+                f'{check.get("max_abs_diff", check.get("reason", ""))}')
   else:
-    common.log(f'ERROR: [{spec.label}] {OFFICIAL[spec.name].what} check '
-               f'{check["status"]}: {check.get("reason", "")}; its points '
-               'are not timed and the command will exit with status 1.')
+    workers.log(f'ERROR: [{spec.label}] {OFFICIAL[spec.name].what} check '
+                f'{check["status"]}: {check.get("reason", "")}; its points '
+                'are not timed and the command will exit with status 1.')
   return check
 
 
@@ -611,7 +616,7 @@ def _add_ratios(records: list[dict[str, Any]]) -> None:
       continue
     for other, field in (('jax', 'official_over_jax'),
                          ('torch', 'official_over_port')):
-      rec[field] = _div(rec['time_s'], common.ok_value(
+      rec[field] = _div(rec['time_s'], workers.ok_value(
           idx.get((rec['mechanism'], other, rec['mode'], rec['length'])),
           'time_s'))
 
@@ -629,9 +634,9 @@ def _check_name(backend: str, name: str) -> str:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
   """Measures every point and returns the report data."""
-  env = common.environment()
+  env = environment.environment()
   available = env['memory_available_bytes']
-  budget = common.memory_budget(args.memory_budget_gb, available)
+  budget = memory.memory_budget(args.memory_budget_gb, available)
   torch_note = None
   backends = ['jax']
   if args.torch == 'off':
@@ -645,26 +650,26 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     torch_note = ('PyTorch comparison skipped: torch is not installed '
                   '(pip install torch to enable it).')
   if torch_note:
-    common.log(torch_note)
+    workers.log(torch_note)
   if args.official:
     backends.append('official')
   for name, info in args.official.items():
     official = OFFICIAL[name]
     commit = info['commit'] or info['commit_note']
-    common.log(f'{_capitalized(official.what)} from '
-               f'{getattr(args, official.option)} ({commit}).')
+    workers.log(f'{_capitalized(official.what)} from '
+                f'{getattr(args, official.option)} ({commit}).')
 
   records, checks, official_checks = [], {}, {}
   for spec in args.specs:
     spec_backends = [b for b in backends
                      if b != 'official' or spec.name in args.official]
     if 'torch' in spec_backends:
-      check = common.run_worker(
+      check = workers.run_worker(
           MODULE, _payload(args, spec, 'torch', 'check', 0),
           memory_budget_bytes=budget, timeout_s=args.timeout_s)
       checks[spec.label] = check
-      common.log(f'[{spec.label}] torch check: {check.get("status")} '
-           f'{check.get("max_abs_diff", check.get("reason", ""))}')
+      workers.log(f'[{spec.label}] torch check: {check.get("status")} '
+                  f'{check.get("max_abs_diff", check.get("reason", ""))}')
     if 'official' in spec_backends:
       official_checks[spec.label] = _official_check(args, spec, budget)
     history: dict[tuple[str, str], list[tuple[int, float]]] = {}
@@ -685,8 +690,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           # The JAX point of this length and mode runs first: its growth
           # guides the PyTorch prediction when PyTorch has a single shorter
           # point.
-          hint = common.growth_exponent(history.get(('jax', mode), []))
-          predicted = common.predict_bytes(history.get(key, []), length,
+          hint = memory.growth_exponent(history.get(('jax', mode), []))
+          predicted = memory.predict_bytes(history.get(key, []), length,
                                            hint if backend != 'jax'
                                            else None)
           if check and check['status'] != 'ok':
@@ -697,12 +702,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
                               f'{check.get("reason", "")}')
           elif key in blocked:
             rec.update(status='skipped', reason=blocked[key])
-          elif common.over_budget(predicted, budgets.get(key, budget)):
+          elif memory.over_budget(predicted, budgets.get(key, budget)):
             rec.update(status='skipped', predicted_peak_bytes=predicted,
-                       reason=common.over_budget(
+                       reason=memory.over_budget(
                            predicted, budgets.get(key, budget)))
           else:
-            result = common.run_worker(
+            result = workers.run_worker(
                 MODULE, _payload(args, spec, backend, mode, length),
                 memory_budget_bytes=budget, timeout_s=args.timeout_s)
             rec.update(result)
@@ -710,17 +715,17 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
               rec['predicted_peak_bytes'] = predicted
           if rec['status'] == 'ok':
             history.setdefault(key, []).append(
-                (length, common.measured_bytes(rec)))
-            budgets[key] = common.prediction_budget(
+                (length, memory.measured_bytes(rec)))
+            budgets[key] = memory.prediction_budget(
                 rec, args.memory_budget_gb, budget)
           elif key not in blocked:
-            blocked[key] = common.not_run_reason(length, rec)
+            blocked[key] = memory.not_run_reason(length, rec)
           records.append(rec)
-          common.log(_describe(rec))
+          workers.log(_describe(rec))
   _add_ratios(records)
   end_load = list(os.getloadavg())
   return {
-      'command': common.command_line(argv, MODULE),
+      'command': environment.command_line(argv, MODULE),
       'environment': env, 'load_average_end': end_load,
       'settings': {
           'mechanisms': [s.label for s in args.specs],
@@ -745,7 +750,7 @@ def failed_official_checks(report: Mapping[str, Any],
   (of mechanism `name` only, if given)."""
   failed = []
   for label, c in report.get('official_checks', {}).items():
-    if name is not None and common.parse_specs(label)[0].name != name:
+    if name is not None and specs.parse_specs(label)[0].name != name:
       continue
     if c.get('status') not in ('ok', 'unsupported'):
       reason = ' '.join(str(c.get('reason', '')).split())
@@ -758,8 +763,8 @@ def _describe(rec: Mapping[str, Any]) -> str:
           f'N={rec["length"]}: ')
   if rec['status'] != 'ok':
     return head + f'{rec["status"]} ({rec.get("reason", "")})'
-  return head + (f'{common.fmt_time(rec["time_s"])}, net peak '
-                 f'{common.fmt_bytes(rec["net_peak_bytes"])}')
+  return head + (f'{outputs.fmt_time(rec["time_s"])}, net peak '
+                 f'{reporting.fmt_bytes(rec["net_peak_bytes"])}')
 
 
 # ------------------------------------------------------------------ report
@@ -794,12 +799,12 @@ def _length_table(idx, mechs, lengths, backend: str, mode: str,
     row = [f'`{m}`']
     for n in lengths:
       rec = idx.get((m, backend, mode, n))
-      value = common.ok_value(rec, field)
+      value = workers.ok_value(rec, field)
       row.append(_cell_missing(rec) if value is None
                  else cell(mode, m, n, value))
     rows.append(row)
-  return common.markdown_table(['mechanism'] + [str(n) for n in lengths],
-                               rows)
+  return reporting.markdown_table(['mechanism'] + [str(n) for n in lengths],
+                                  rows)
 
 
 def markdown(report: Mapping[str, Any]) -> str:
@@ -827,7 +832,7 @@ def markdown(report: Mapping[str, Any]) -> str:
       + '; at end: ' + ', '.join(f'{x:.2f}' for x in
                                   report['load_average_end']),
       f'- Memory budget for skipping: '
-      f'{common.fmt_bytes(s["memory_budget_bytes"])}',
+      f'{reporting.fmt_bytes(s["memory_budget_bytes"])}',
       f'- Time: median of up to {s["repeats"]} calls after compilation and '
       f'{s["warmup"]} warm-up call(s). Memory: net peak (resident '
       'high-water mark during the calls minus resident size before them, '
@@ -835,22 +840,22 @@ def markdown(report: Mapping[str, Any]) -> str:
   if not has_base:
     lines += [f'Baseline `{base}` was not measured: no ratios.', '']
   def base_value(mode, n, field):
-    return common.ok_value(idx.get((base, 'jax', mode, n)), field)
+    return workers.ok_value(idx.get((base, 'jax', mode, n)), field)
 
   def time_cell(mode, m, n, t):
     speedup = _div(base_value(mode, n, 'time_s'), t)
-    return common.fmt_time(t) + (
-        f' ({common.fmt_ratio(speedup, 1)})' if speedup and m != base else '')
+    return outputs.fmt_time(t) + (
+        f' ({outputs.fmt_ratio(speedup, 1)})' if speedup and m != base else '')
 
   def memory_cell(mode, m, n, b):
     frac = _div(b, base_value(mode, n, 'net_peak_bytes'))
-    return common.fmt_bytes(b) + (
+    return reporting.fmt_bytes(b) + (
         f' ({frac:.3f} of `{base}`)' if frac is not None and m != base
         else '')
 
   def flops_cell(mode, m, n, f):
-    t = common.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
-    return f'{common.fmt_flops(f)}, {f / t / 1e9:.1f} GFLOP/s'
+    t = workers.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
+    return f'{outputs.fmt_flops(f)}, {f / t / 1e9:.1f} GFLOP/s'
 
   for title, field, cell in (
       (f'time (speed-up over `{base}` in this run)', 'time_s', time_cell),
@@ -866,23 +871,24 @@ def markdown(report: Mapping[str, Any]) -> str:
     for mode in s['modes']:
       rows = []
       for m in mechs:
-        t0 = common.ok_value(idx.get((m, 'jax', mode, ref)), 'time_s')
+        t0 = workers.ok_value(idx.get((m, 'jax', mode, ref)), 'time_s')
         rows.append([f'`{m}`'] + [
-            common.fmt_ratio(_div(common.ok_value(idx.get((m, 'jax', mode, n)),
-                                      'time_s'), t0), 1) for n in longer])
+            outputs.fmt_ratio(_div(workers.ok_value(
+                idx.get((m, 'jax', mode, n)), 'time_s'), t0), 1)
+            for n in longer])
       lines += [f'## {MODE_NAMES[mode].capitalize()} time growth from '
                 f'N={ref}', '',
-                common.markdown_table(['mechanism'] + [
+                reporting.markdown_table(['mechanism'] + [
                     f'{n} / {ref}' for n in longer], rows), '']
   rows = []
   for m in mechs:
     for mode in s['modes']:
       rows.append([f'`{m}`', mode] + [
-          common.fmt_time(common.ok_value(idx.get((m, 'jax', mode, n)),
-                                          'compile_s'))
+          outputs.fmt_time(workers.ok_value(idx.get((m, 'jax', mode, n)),
+                                            'compile_s'))
           for n in lengths])
   lines += ['## Compile time', '',
-            common.markdown_table(['mechanism', 'mode'] + [
+            reporting.markdown_table(['mechanism', 'mode'] + [
                 str(n) for n in lengths], rows), '']
   lines += _torch_section(report, idx, mechs, lengths)
   lines += _official_section(report, idx, mechs, lengths)
@@ -917,12 +923,12 @@ def _torch_section(report, idx, mechs, lengths) -> list[str]:
   lines += [f'Our straightforward PyTorch port of each mechanism. PyTorch '
             f'{version}, {threads} threads. Output check on the '
             'same weights (last batch row padded over its final quarter):',
-            '', common.markdown_table(['mechanism', 'length',
-                                       'max abs(JAX − PyTorch)', 'relative'],
-                                      rows), '']
+            '', reporting.markdown_table(
+                ['mechanism', 'length', 'max abs(JAX − PyTorch)',
+                 'relative'], rows), '']
   def torch_cell(mode, m, n, tt):
-    tj = common.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
-    return f'{common.fmt_time(tt)} (JAX {common.fmt_ratio(_div(tt, tj), 2)})'
+    tj = workers.ok_value(idx.get((m, 'jax', mode, n)), 'time_s')
+    return f'{outputs.fmt_time(tt)} (JAX {outputs.fmt_ratio(_div(tt, tj), 2)})'
 
   for mode in s['modes']:
     lines += [f'### Our PyTorch port: {MODE_NAMES[mode]} time (JAX speed-up '
@@ -939,7 +945,7 @@ def _official_section(report, idx, mechs, lengths) -> list[str]:
     info = report['settings'].get(official.option)
     if info:
       labels = [m for m in mechs if m in report['official_checks']
-                and common.parse_specs(m)[0].name == name]
+                and specs.parse_specs(m)[0].name == name]
       lines += _official_lines(report, idx, labels, lengths, official, info)
   return lines
 
@@ -977,7 +983,7 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
             'drawn at random, last batch row padded over its final quarter '
             '(padded rows reported apart: ours outputs zeros there, '
             f'{official.padded_rows}):', '',
-            common.markdown_table(
+            reporting.markdown_table(
                 ['mechanism'] + (['official layer'] if layers else [])
                 + ['length', 'max abs(ours − official), real rows',
                    'relative', 'padded rows', 'tolerance', 'status'], rows),
@@ -985,17 +991,17 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
 
   def official_cell(mode, m, n, t):
     rec = idx.get((m, 'official', mode, n), {})
-    ratios = [f'{name} {common.fmt_ratio(rec.get(field), 2)}'
+    ratios = [f'{name} {outputs.fmt_ratio(rec.get(field), 2)}'
               for name, field in (('/ ours', 'official_over_jax'),
                                   ('/ port', 'official_over_port'))
               if rec.get(field) is not None]
-    return common.fmt_time(t) + (f' ({", ".join(ratios)})' if ratios else '')
+    return outputs.fmt_time(t) + (f' ({", ".join(ratios)})' if ratios else '')
 
   def memory_cell(mode, m, n, b):
-    ours = common.ok_value(idx.get((m, 'jax', mode, n)), 'net_peak_bytes')
+    ours = workers.ok_value(idx.get((m, 'jax', mode, n)), 'net_peak_bytes')
     ratio = _div(b, ours)
-    return common.fmt_bytes(b) + (
-        '' if ratio is None else f' (/ ours {common.fmt_ratio(ratio, 2)})')
+    return reporting.fmt_bytes(b) + (
+        '' if ratio is None else f' (/ ours {outputs.fmt_ratio(ratio, 2)})')
 
   # The port is named only where it was timed beside the official code.
   port = any(rec.get('official_over_port') is not None
@@ -1034,9 +1040,9 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
         for backend in s['backends']:
           pts = []
           for n in s['lengths']:
-            v = common.ok_value(idx.get((m, backend, mode, n)), field)
+            v = workers.ok_value(idx.get((m, backend, mode, n)), field)
             if v is not None and field == 'net_peak_bytes':
-              v = v / common.MIB
+              v = v / reporting.MIB
             pts.append((n, v))
           series.append({'label': m + _BACKEND_LABELS[backend],
                          'points': pts, 'color_key': m,
@@ -1044,7 +1050,7 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
       panels.append({'title': MODE_NAMES[mode], 'ylabel': ylabel,
                      'series': series})
     path = os.path.join(out, f'attention_{name}.png')
-    common.plot_panels(
+    outputs.plot_panels(
         path, panels, 'sequence length N',
         f'batch {s["batch"]}, D={s["features"]}, {s["heads"]} heads, '
         f'{s["dtype"]} (solid: JAX, dashed: our PyTorch port, dotted: '
@@ -1054,7 +1060,7 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> None:
-  payload = common.worker_payload(argv)
+  payload = workers.worker_payload(argv)
   if payload is not None:
     worker_main(payload)
     return
@@ -1063,11 +1069,11 @@ def main(argv: Sequence[str]) -> None:
   report = run(args, argv)
   report['growth_from'] = args.growth_from
   report['settings']['growth_from'] = args.growth_from
-  common.write_json(os.path.join(args.out, 'attention.json'), report)
+  outputs.write_json(os.path.join(args.out, 'attention.json'), report)
   with open(os.path.join(args.out, 'attention.md'), 'w') as f:
     f.write(markdown(report) + '\n')
   plot(report, args.out)
-  common.log(f'Wrote attention.json, attention.md and plots to {args.out}')
+  workers.log(f'Wrote attention.json, attention.md and plots to {args.out}')
   errors = []
   for name, official in OFFICIAL.items():
     failed = failed_official_checks(report, name)

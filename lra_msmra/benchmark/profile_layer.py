@@ -42,9 +42,12 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 
 from lra_msmra import attention as attention_lib
+from lra_msmra import reporting
 from lra_msmra.benchmark import attention as attention_bench
-from lra_msmra.benchmark import common
+from lra_msmra.benchmark import environment
+from lra_msmra.benchmark import outputs
 from lra_msmra.benchmark import profile_step
+from lra_msmra.benchmark import specs as specs_lib
 
 KINDS = ('matrix products', 'layout copies', 'element-wise and reductions')
 # Operations that only move or replicate data.
@@ -155,12 +158,12 @@ def markdown(title: str, result: Mapping[str, Any], top: int) -> str:
            f'{100 * result["kinds"].get(kind, 0.0) / total:.0f}%']
           for kind in KINDS]
   rows.append(['all operations', f'{1e3 * total:.1f}', '100%'])
-  lines += ['', common.markdown_table(['kind', 'ms per call', 'share'], rows),
-            '']
+  lines += ['', reporting.markdown_table(['kind', 'ms per call', 'share'],
+                                         rows), '']
   rows = [[f'{1e3 * op["seconds"]:.2f}', f'`{op["name"]}`', op['kind'],
            f'`{op["shape"]}`', f'`{_short_source(op["source"])}`']
           for op in result['ops'][:top]]
-  lines += [common.markdown_table(
+  lines += [reporting.markdown_table(
       ['ms per call', 'operation', 'kind', 'output', 'source'], rows)]
   return '\n'.join(lines)
 
@@ -185,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument('--out', default=None, help='folder for profile.json')
   args = p.parse_args(argv)
   try:
-    specs = common.parse_specs(args.mechanism)
+    specs = specs_lib.parse_specs(args.mechanism)
   except ValueError as e:
     p.error(f'--mechanism: {e}')
   if len(specs) != 1:
@@ -208,12 +211,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   print('\nload average at start: ' + ', '.join(f'{x:.2f}' for x in load))
   if args.out:
     os.makedirs(args.out, exist_ok=True)
-    common.write_json(os.path.join(args.out, 'profile.json'),
-                      {'command': common.command_line(
+    outputs.write_json(os.path.join(args.out, 'profile.json'),
+                       {'command': environment.command_line(
                           sys.argv if argv is None else ['', *argv],
                           'lra_msmra.benchmark.profile_layer'),
                        'payload': payload, 'load_average': load,
-                       'environment': common.environment(), **result})
+                       'environment': environment.environment(), **result})
   return 0
 
 

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from lra_msmra import config_lib
 from lra_msmra import provenance
-from lra_msmra.benchmark import common
+from lra_msmra.benchmark import environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -187,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   settings = {
       'date': datetime.datetime.now(datetime.timezone.utc).strftime(
           '%Y-%m-%d %H:%M UTC'),
-      'machine': f'{common.cpu_cores()} ({platform.machine()})',
+      'machine': f'{environment.cpu_cores()} ({platform.machine()})',
       'load_start': _load(), 'commit': provenance.git_commit().get(
           'commit', 'unknown'),
       'command': command, 'tasks': tasks, 'configs': configs}

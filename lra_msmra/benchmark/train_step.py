@@ -21,9 +21,10 @@ donated) of the full model a task config builds.
   model does not fit at 4K with 32). Batches hold random token ids with no
   padding, and random labels: speed and memory do not depend on the data.
 * Every point runs in its own process; time is the median step after
-  compilation and a warm-up step; memory is the net peak, and points that
-  would not fit are skipped (`lra_msmra.benchmark.common`). FLOPs are the
-  step's matmul FLOPs counted from its jaxpr.
+  compilation and a warm-up step (`lra_msmra.benchmark.workers`); memory
+  is the net peak, and points that would not fit are skipped
+  (`lra_msmra.benchmark.memory`). FLOPs are the step's matmul FLOPs
+  counted from its jaxpr.
 
 Outputs in `--out`: `train_step.json`, `train_step.md` and `train_step.png`.
 """
@@ -39,7 +40,12 @@ from typing import Any, Mapping, Sequence
 
 from lra_msmra import config_lib
 from lra_msmra import published
-from lra_msmra.benchmark import common
+from lra_msmra import reporting
+from lra_msmra.benchmark import environment
+from lra_msmra.benchmark import memory
+from lra_msmra.benchmark import outputs
+from lra_msmra.benchmark import specs
+from lra_msmra.benchmark import workers
 
 MODULE = 'lra_msmra.benchmark.train_step'
 # Registry names whose config file has another name.
@@ -78,12 +84,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--options', default='',
                  help='config options, e.g. xiong or cst (default: LRA)')
   p.add_argument('--batch', type=int, default=4)
-  common.add_measurement_flags(p)
+  workers.add_measurement_flags(p)
   p.add_argument('--baseline', default='softmax')
   p.add_argument('--config_dir', default=CONFIG_ROOT)
   args = p.parse_args(argv)
-  args.specs = common.parse_specs(args.mechanisms)
-  args.length_list = common.parse_lengths(args.lengths)
+  args.specs = specs.parse_specs(args.mechanisms)
+  args.length_list = specs.parse_lengths(args.lengths)
   if args.batch < 1 or args.repeats < 1:
     p.error('--batch and --repeats must be >= 1')
   for spec in args.specs:
@@ -150,29 +156,29 @@ def _worker(payload: Mapping[str, Any]) -> dict[str, Any]:
     holder['state'], m = compiled(holder['state'], batch)
     return m
 
-  with common.PeakMemory(jax.devices()[0]) as meter:
-    timing = common.time_calls(call, jax.block_until_ready,
-                               warmup=payload['warmup'],
-                               repeats=payload['repeats'],
-                               max_seconds=payload['max_repeat_seconds'])
+  with memory.PeakMemory(jax.devices()[0]) as meter:
+    timing = workers.time_calls(call, jax.block_until_ready,
+                                warmup=payload['warmup'],
+                                repeats=payload['repeats'],
+                                max_seconds=payload['max_repeat_seconds'])
   result = {'compile_s': compile_s, 'flops': counted['flops'],
             'flops_notes': counted['notes'], 'memory': meter.result(),
-            'process_peak_bytes': common.process_peak_bytes(),
+            'process_peak_bytes': memory.process_peak_bytes(),
             'num_params': models.count_params(holder['state'].params),
             'attention': config.model.attention,
             'attention_kw': config.model.attention_kw.to_dict(),
             'model_length': spec['max_len'] + int(
                 config.model.pooling == 'CLS' and not spec['dual']),
-            'device': common.jax_device_info(), **timing}
+            'device': environment.jax_device_info(), **timing}
   result['steps_per_s'] = 1.0 / result['time_s']
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
   return result
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-  env = common.environment()
+  env = environment.environment()
   available = env['memory_available_bytes']
-  budget = common.memory_budget(args.memory_budget_gb, available)
+  budget = memory.memory_budget(args.memory_budget_gb, available)
   records = []
   for spec in args.specs:
     path = config_path(args.config_dir, args.task, spec.name)
@@ -183,34 +189,34 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
       rec = {'mechanism': spec.label, 'name': spec.name, 'kw': dict(spec.kw),
              'config': os.path.relpath(path, os.path.dirname(
                  args.config_dir)), 'length': length}
-      predicted = common.predict_bytes(history, length)
+      predicted = memory.predict_bytes(history, length)
       if blocked:
         rec.update(status='skipped', reason=blocked)
-      elif common.over_budget(predicted, point_budget):
+      elif memory.over_budget(predicted, point_budget):
         rec.update(status='skipped', predicted_peak_bytes=predicted,
-                   reason=common.over_budget(predicted, point_budget))
+                   reason=memory.over_budget(predicted, point_budget))
       else:
         payload = {'config_path': path, 'options': args.options,
                    'kw': dict(spec.kw), 'length': length,
                    'batch': args.batch, 'repeats': args.repeats,
                    'warmup': args.warmup,
                    'max_repeat_seconds': args.max_repeat_seconds}
-        rec.update(common.run_worker(MODULE, payload,
-                                     memory_budget_bytes=budget,
-                                     timeout_s=args.timeout_s))
+        rec.update(workers.run_worker(MODULE, payload,
+                                      memory_budget_bytes=budget,
+                                      timeout_s=args.timeout_s))
       if rec['status'] == 'ok':
-        history.append((length, common.measured_bytes(rec)))
-        point_budget = common.prediction_budget(rec, args.memory_budget_gb,
+        history.append((length, memory.measured_bytes(rec)))
+        point_budget = memory.prediction_budget(rec, args.memory_budget_gb,
                                                 budget)
       elif not blocked:
-        blocked = common.not_run_reason(length, rec)
+        blocked = memory.not_run_reason(length, rec)
       records.append(rec)
       head = f'[{spec.label}] N={length}: '
-      common.log(head + (f'{rec["steps_per_s"]:.3f} steps/s, net peak '
-                   f'{common.fmt_bytes(rec["net_peak_bytes"])}'
-                   if rec['status'] == 'ok' else
-                   f'{rec["status"]} ({rec.get("reason", "")})'))
-  return {'command': common.command_line(argv, MODULE), 'environment': env,
+      workers.log(head + (f'{rec["steps_per_s"]:.3f} steps/s, net peak '
+                          f'{reporting.fmt_bytes(rec["net_peak_bytes"])}'
+                          if rec['status'] == 'ok' else
+                          f'{rec["status"]} ({rec.get("reason", "")})'))
+  return {'command': environment.command_line(argv, MODULE), 'environment': env,
           'load_average_end': list(os.getloadavg()),
           'settings': {'task': args.task, 'options': args.options,
                        'mechanisms': [s.label for s in args.specs],
@@ -256,25 +262,25 @@ def markdown(report: Mapping[str, Any]) -> str:
       row = [f'`{m}`']
       for n in lengths:
         rec = idx.get((m, n))
-        v = common.ok_value(rec, field)
+        v = workers.ok_value(rec, field)
         if v is None:
           row.append(rec['status'] if rec else '—')
           continue
-        b = common.ok_value(idx.get((base, n)), field)
+        b = workers.ok_value(idx.get((base, n)), field)
         rel = relative(v, b) if b and m != base else None
         row.append(fmt(v) + (f' ({rel:.2f}×)' if rel is not None else ''))
       rows.append(row)
-    return common.markdown_table(['mechanism'] + [str(n) for n in lengths],
-                                 rows)
+    return reporting.markdown_table(['mechanism'] + [str(n) for n in lengths],
+                                    rows)
 
   lines += [f'## Steps per second (relative to `{base}`)', '',
             table('steps_per_s', lambda v: f'{v:.3g}', lambda v, b: v / b),
             '', f'## Net peak memory (relative to `{base}`)', '',
-            table('net_peak_bytes', common.fmt_bytes, lambda v, b: v / b),
+            table('net_peak_bytes', reporting.fmt_bytes, lambda v, b: v / b),
             '', '## Matmul FLOPs per step', '',
-            table('flops', common.fmt_flops, lambda v, b: v / b), '',
+            table('flops', outputs.fmt_flops, lambda v, b: v / b), '',
             '## Parameters', '',
-            common.markdown_table(['mechanism', 'parameters'], [
+            reporting.markdown_table(['mechanism', 'parameters'], [
                 [f'`{m}`', f'{params[m]:,}' if params[m] else '—']
                 for m in mechs]), '']
   lines += _published_table2(report)
@@ -315,8 +321,8 @@ def _published_table2(report: Mapping[str, Any]) -> list[str]:
       'different device, batch and implementation, columns matched to the '
       'nearest thousand tokens: compare how the ratios grow with the '
       'length, not their values.', '',
-      common.markdown_table(['mechanism'] + [str(n) for n in s['lengths']],
-                            rows), '']
+      reporting.markdown_table(['mechanism'] + [str(n) for n in s['lengths']],
+                               rows), '']
 
 
 def plot(report: Mapping[str, Any], path: str) -> None:
@@ -325,33 +331,33 @@ def plot(report: Mapping[str, Any], path: str) -> None:
   panels = []
   for field, ylabel, scale in (('steps_per_s', 'steps per second', 1),
                                ('net_peak_bytes', 'net peak memory (MiB)',
-                                common.MIB)):
+                                reporting.MIB)):
     series = []
     for m in s['mechanisms']:
       pts = []
       for n in s['lengths']:
-        v = common.ok_value(idx.get((m, n)), field)
+        v = workers.ok_value(idx.get((m, n)), field)
         pts.append((n, None if v is None else v / scale))
       series.append({'label': m, 'points': pts, 'color_key': m})
     panels.append({'title': ylabel, 'ylabel': ylabel, 'series': series})
-  common.plot_panels(path, panels, 'sequence length N',
-                     f'{s["task"]} training step, batch {s["batch"]}')
+  outputs.plot_panels(path, panels, 'sequence length N',
+                      f'{s["task"]} training step, batch {s["batch"]}')
 
 
 def main(argv: Sequence[str]) -> None:
-  payload = common.worker_payload(argv)
+  payload = workers.worker_payload(argv)
   if payload is not None:
-    common.emit_result(_worker(payload))
+    workers.emit_result(_worker(payload))
     return
   args = parse_args(argv[1:])
   os.makedirs(args.out, exist_ok=True)
   report = run(args, argv)
-  common.write_json(os.path.join(args.out, 'train_step.json'), report)
+  outputs.write_json(os.path.join(args.out, 'train_step.json'), report)
   with open(os.path.join(args.out, 'train_step.md'), 'w') as f:
     f.write(markdown(report) + '\n')
   plot(report, os.path.join(args.out, 'train_step.png'))
-  common.log(f'Wrote train_step.json, train_step.md and train_step.png to '
-       f'{args.out}')
+  workers.log(f'Wrote train_step.json, train_step.md and train_step.png to '
+              f'{args.out}')
 
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-"""Attention benchmark: a small end-to-end run, spec parsing, FLOP counts."""
+"""Attention benchmark: a small end-to-end run, FLOP counts."""
 
 import json
 
@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import pytest
 
 from lra_msmra.benchmark import attention
-from lra_msmra.benchmark import common
 from lra_msmra.benchmark import flops
 from tests.benchmark import run_benchmark
 
@@ -60,39 +59,10 @@ def test_outputs_cover_every_mechanism_and_length(bench_dir):
     assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 1000
 
 
-def test_parse_specs():
-  specs = common.parse_specs(
-      'softmax,cst:slice_length=8,alpha=1,adamra:compression_rates=(1/2,1/8)'
-      ',combiner:variant=fixed')
-  assert [s.name for s in specs] == ['softmax', 'cst', 'adamra', 'combiner']
-  assert specs[1].kw == {'slice_length': 8, 'alpha': 1}
-  assert specs[2].kw == {'compression_rates': (0.5, 0.125)}
-  assert specs[3].kw == {'variant': 'fixed'}
-  assert common.parse_specs(specs[1].label)[0] == specs[1]
-  with pytest.raises(ValueError, match='before any mechanism'):
-    common.parse_specs('alpha=1')
-  with pytest.raises(ValueError, match='twice'):
-    common.parse_specs('softmax,softmax')
-  assert common.parse_lengths('2K,1024,16') == [16, 1024, 2048]
-
-
 def test_unknown_mechanism_is_rejected(capsys):
   with pytest.raises(SystemExit):
     attention.parse_args(['--mechanisms', 'nope', '--out', 'x'])
   assert 'unknown mechanism' in capsys.readouterr().err
-
-
-def test_predict_bytes():
-  assert common.predict_bytes([], 4096) is None
-  # Quadratic history extrapolates quadratically; one point assumes N^2.
-  hist = [(1024, 1.0e9), (2048, 4.0e9)]
-  assert common.predict_bytes(hist, 4096) == pytest.approx(16e9)
-  assert common.predict_bytes(hist[:1], 4096) == pytest.approx(16e9)
-  # A single point follows a hint (e.g. another backend's growth).
-  assert common.predict_bytes(hist[:1], 4096, 1.0) == pytest.approx(4e9)
-  assert common.growth_exponent(hist) == pytest.approx(2.0)
-  # Sub-linear growth is clipped to linear.
-  assert common.predict_bytes([(1, 1.0), (2, 1.0)], 8) == pytest.approx(4.0)
 
 
 def test_matmul_flops_of_softmax_attention():

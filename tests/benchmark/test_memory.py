@@ -1,28 +1,31 @@
-"""Which memory the benchmarks predict from: the device's on GPU/TPU."""
+"""Which memory the benchmarks predict from (the device's on GPU/TPU),
+and how they predict it."""
 
-from lra_msmra.benchmark import common
+import pytest
 
-GIB = common.GIB
+from lra_msmra.benchmark import memory
+
+GIB = memory.GIB
 
 
 def test_cpu_points_use_resident_memory_and_the_host_budget():
   rec = {'memory': {'method': 'resident memory (VmHWM after clear_refs)',
                     'peak_bytes': 5 * GIB},
          'process_peak_bytes': 7 * GIB}
-  assert common.measured_bytes(rec) == 7 * GIB
-  assert common.prediction_budget(rec, None, 20 * GIB) == 20 * GIB
-  assert common.prediction_budget(rec, 8.0, 8 * GIB) == 8 * GIB
+  assert memory.measured_bytes(rec) == 7 * GIB
+  assert memory.prediction_budget(rec, None, 20 * GIB) == 20 * GIB
+  assert memory.prediction_budget(rec, 8.0, 8 * GIB) == 8 * GIB
 
 
 def test_accelerator_points_use_device_memory_and_its_size():
-  rec = {'memory': {'method': common.DEVICE_METHOD, 'peak_bytes': 30 * GIB,
+  rec = {'memory': {'method': memory.DEVICE_METHOD, 'peak_bytes': 30 * GIB,
                     'limit_bytes': 80 * GIB},
          'process_peak_bytes': 3 * GIB}
-  assert common.measured_bytes(rec) == 30 * GIB
-  assert common.prediction_budget(rec, None, 200 * GIB) == 72 * GIB
-  assert common.prediction_budget(rec, 16.0, 200 * GIB) == 16 * GIB
-  no_limit = {'memory': {'method': common.DEVICE_METHOD, 'peak_bytes': 1}}
-  assert common.prediction_budget(no_limit, None, 200 * GIB) is None
+  assert memory.measured_bytes(rec) == 30 * GIB
+  assert memory.prediction_budget(rec, None, 200 * GIB) == 72 * GIB
+  assert memory.prediction_budget(rec, 16.0, 200 * GIB) == 16 * GIB
+  no_limit = {'memory': {'method': memory.DEVICE_METHOD, 'peak_bytes': 1}}
+  assert memory.prediction_budget(no_limit, None, 200 * GIB) is None
 
 
 def test_peak_memory_reads_device_statistics_where_there_are_some():
@@ -35,11 +38,24 @@ def test_peak_memory_reads_device_statistics_where_there_are_some():
               'bytes_limit': 1000}
 
   device = Device()
-  with common.PeakMemory(device) as meter:
+  with memory.PeakMemory(device) as meter:
     device.in_use = 300
   result = meter.result()
-  assert result['method'] == common.DEVICE_METHOD
+  assert result['method'] == memory.DEVICE_METHOD
   assert result['net_peak_bytes'] == 800 and result['limit_bytes'] == 1000
   rec = {'memory': result, 'process_peak_bytes': 5}
-  assert common.measured_bytes(rec) == 900
-  assert common.prediction_budget(rec, None, None) == 900
+  assert memory.measured_bytes(rec) == 900
+  assert memory.prediction_budget(rec, None, None) == 900
+
+
+def test_predict_bytes():
+  assert memory.predict_bytes([], 4096) is None
+  # Quadratic history extrapolates quadratically; one point assumes N^2.
+  hist = [(1024, 1.0e9), (2048, 4.0e9)]
+  assert memory.predict_bytes(hist, 4096) == pytest.approx(16e9)
+  assert memory.predict_bytes(hist[:1], 4096) == pytest.approx(16e9)
+  # A single point follows a hint (e.g. another backend's growth).
+  assert memory.predict_bytes(hist[:1], 4096, 1.0) == pytest.approx(4e9)
+  assert memory.growth_exponent(hist) == pytest.approx(2.0)
+  # Sub-linear growth is clipped to linear.
+  assert memory.predict_bytes([(1, 1.0), (2, 1.0)], 8) == pytest.approx(4.0)

@@ -1,0 +1,87 @@
+"""What the benchmarks write to `--out` beside the shared pieces: time,
+FLOP and ratio formats, the JSON writer and the log-log panel plots.
+
+What `lra_msmra.results` uses too (the byte format, markdown tables,
+matplotlib) is in `lra_msmra.reporting`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+from lra_msmra import reporting
+
+
+def fmt_time(seconds: Optional[float]) -> str:
+  if seconds is None:
+    return '—'
+  if seconds >= 1:
+    return f'{seconds:.2f} s'
+  return f'{seconds * 1e3:.1f} ms'
+
+
+def fmt_flops(flops: Optional[float]) -> str:
+  if flops is None:
+    return '—'
+  if flops >= 1e12:
+    return f'{flops / 1e12:.3g} TFLOP'
+  if flops >= 1e9:
+    return f'{flops / 1e9:.3g} GFLOP'
+  return f'{flops / 1e6:.3g} MFLOP'
+
+
+def fmt_ratio(value: Optional[float], digits: int = 2) -> str:
+  return '—' if value is None else f'{value:.{digits}f}×'
+
+
+def write_json(path: str, data: Any) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(data, f, indent=2, sort_keys=False)
+    f.write('\n')
+  os.replace(tmp, path)
+
+
+def plot_panels(path: str, panels: Sequence[Mapping[str, Any]],
+                xlabel: str, title: str) -> None:
+  """Log-log line plots, one panel per entry.
+
+  Each panel is {'title', 'ylabel', 'series': [{'label', 'points':
+  [(x, y)], 'style': '-' or '--', 'color_key': str}]}; series sharing a
+  color_key share a colour.
+  """
+  plt = reporting.pyplot()
+  fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5),
+                           squeeze=False)
+  keys = []
+  for panel in panels:
+    for s in panel['series']:
+      if s['color_key'] not in keys:
+        keys.append(s['color_key'])
+  # Past ten keys, twenty colours and a second marker shape, so that no two
+  # keys look alike.
+  many = len(keys) > 10
+  colours = {k: plt.get_cmap('tab20' if many else 'tab10')(i % 20)
+             for i, k in enumerate(keys)}
+  markers = {k: 's' if many and i % 2 else 'o' for i, k in enumerate(keys)}
+  for ax, panel in zip(axes[0], panels):
+    for s in panel['series']:
+      pts = sorted(p for p in s['points'] if p[1] is not None)
+      if not pts:
+        continue
+      xs, ys = zip(*pts)
+      ax.plot(xs, ys, s.get('style', '-'), marker=markers[s['color_key']],
+              markersize=4, color=colours[s['color_key']], label=s['label'])
+    ax.set_xscale('log', base=2)
+    ax.set_yscale('log')
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(panel['ylabel'])
+    ax.set_title(panel['title'])
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
