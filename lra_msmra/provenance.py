@@ -1,4 +1,5 @@
-"""Where a result comes from: code commit, package versions and devices."""
+"""Where a result comes from: code commit, package versions, devices and host
+memory settings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
+
+from lra_msmra import cpu_malloc
 
 PACKAGES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy',
             'ml_collections')
@@ -82,7 +85,10 @@ def extend_history(history: Sequence[Mapping[str, Any]],
 
 
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
-  """Code, versions and devices of this process, for results.json."""
+  """Code, versions, devices and host memory settings of this process, for
+  results.json (the memory settings change the speed, never the numbers:
+  `lra_msmra.cpu_malloc`)."""
   return {'code': dict(git_commit(), source_digest=source_digest()),
           'versions': versions(),
-          'devices': devices(mesh)}
+          'devices': devices(mesh),
+          'host_memory': cpu_malloc.describe()}

@@ -51,6 +51,7 @@ import ml_collections
 import numpy as np
 
 from lra_msmra import checkpoint as checkpoint_lib
+from lra_msmra import cpu_malloc
 from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
 from lra_msmra import errors
@@ -446,6 +447,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       f'{config.protocol}: {num_params:,} parameters, {mesh.devices.size} '
       f'device(s), train {len(data.train)}, val {len(data.eval)}, test '
       f'{len(data.test)} examples.')
+  note = cpu_malloc.hint(jax.default_backend())
+  if note:
+    metrics_lib.log(note)
 
   jit_train_step, jit_eval_step = steps_lib.jit_steps(
       config, model, tx, schedule, mesh, state_sharding)

@@ -77,6 +77,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
+from lra_msmra import cpu_malloc
 from lra_msmra import reporting
 from lra_msmra.benchmark import environment
 from lra_msmra.benchmark import memory
@@ -179,6 +180,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                  default=official_combiner.DEFAULT_TOLERANCE,
                  help='largest |ours - official| accepted on real rows '
                       '(default: %(default)g)')
+  p.add_argument('--hugepages', default='none', choices=HUGEPAGES,
+                 help='give the workers GLIBC_TUNABLES=glibc.malloc.hugetlb=1'
+                      ' (lra_msmra.cpu_malloc): none, the JAX workers (ours '
+                      'and JAX official code) or all (PyTorch too); '
+                      'default %(default)s')
   p.add_argument('--baseline', default='softmax',
                  help='mechanism label the ratios refer to')
   p.add_argument('--growth_from', type=int, default=4096,
@@ -210,6 +216,23 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    for name, official in OFFICIAL.items()
                    if getattr(args, official.option) is not None}
   return args
+
+
+# `--hugepages` choices: which workers get glibc's huge page tunable.
+HUGEPAGES = ('none', 'jax', 'all')
+
+
+def _worker_env(args: argparse.Namespace, backend: str, name: str
+                ) -> Optional[dict[str, str]]:
+  """The environment of a worker of `backend` for mechanism `name`: the
+  command's, plus the huge page tunable where `--hugepages` asks for it."""
+  framework = {'jax': 'JAX', 'torch': 'PyTorch'}.get(backend)
+  if framework is None:
+    framework = OFFICIAL[name].framework
+  if args.hugepages == 'all' or (args.hugepages == 'jax'
+                                 and framework == 'JAX'):
+    return cpu_malloc.with_hugepages()
+  return None
 
 
 def _official_setup(args: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -352,7 +375,8 @@ def _time_jax(payload: Mapping[str, Any], fn: Callable[..., Any],
             'flops_notes': counted['notes'], 'xla_flops': xla_flops,
             'xla_temp_bytes': xla_temp, 'memory': meter.result(),
             'process_peak_bytes': memory.process_peak_bytes(),
-            'device': environment.jax_device_info(), **timing}
+            'device': environment.jax_device_info(),
+            'host_memory': cpu_malloc.describe(), **timing}
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
   return result
 
@@ -408,7 +432,8 @@ def _time_torch(payload: Mapping[str, Any], fn: Callable[..., Any],
   result = {'memory': meter.result(),
             'process_peak_bytes': memory.process_peak_bytes(),
             'torch_threads': torch.get_num_threads(),
-            'torch_version': torch.__version__, **timing}
+            'torch_version': torch.__version__,
+            'host_memory': cpu_malloc.describe(), **timing}
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
   return result
 
@@ -592,7 +617,8 @@ def _official_check(args, spec: specs.Spec, budget) -> dict[str, Any]:
   """Runs the official output check of `spec` and logs it (loudly if bad)."""
   check = workers.run_worker(
       MODULE, _payload(args, spec, 'official', 'check', 0),
-      memory_budget_bytes=budget, timeout_s=args.timeout_s)
+      memory_budget_bytes=budget, timeout_s=args.timeout_s,
+      env=_worker_env(args, 'official', spec.name))
   if check.get('status') == 'ok' and not check['passed']:
     check['status'] = 'mismatch'
     check['reason'] = (
@@ -666,7 +692,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     if 'torch' in spec_backends:
       check = workers.run_worker(
           MODULE, _payload(args, spec, 'torch', 'check', 0),
-          memory_budget_bytes=budget, timeout_s=args.timeout_s)
+          memory_budget_bytes=budget, timeout_s=args.timeout_s,
+          env=_worker_env(args, 'torch', spec.name))
       checks[spec.label] = check
       workers.log(f'[{spec.label}] torch check: {check.get("status")} '
                   f'{check.get("max_abs_diff", check.get("reason", ""))}')
@@ -709,7 +736,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           else:
             result = workers.run_worker(
                 MODULE, _payload(args, spec, backend, mode, length),
-                memory_budget_bytes=budget, timeout_s=args.timeout_s)
+                memory_budget_bytes=budget, timeout_s=args.timeout_s,
+                env=_worker_env(args, backend, spec.name))
             rec.update(result)
             if predicted:
               rec['predicted_peak_bytes'] = predicted
@@ -736,6 +764,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           'warmup': args.warmup, 'baseline': args.baseline,
           'memory_budget_bytes': budget, 'backends': backends,
           'torch_note': torch_note, 'torch_threads': args.torch_threads,
+          'hugepages': args.hugepages,
           **{official.option: args.official.get(name)
              for name, official in OFFICIAL.items()}},
       'torch_checks': checks,
@@ -763,8 +792,11 @@ def _describe(rec: Mapping[str, Any]) -> str:
           f'N={rec["length"]}: ')
   if rec['status'] != 'ok':
     return head + f'{rec["status"]} ({rec.get("reason", "")})'
+  faults = rec.get('faults_per_call')
   return head + (f'{outputs.fmt_time(rec["time_s"])}, net peak '
-                 f'{reporting.fmt_bytes(rec["net_peak_bytes"])}')
+                 f'{reporting.fmt_bytes(rec["net_peak_bytes"])}' +
+                 ('' if faults is None else
+                  f', {faults:,.0f} page faults per call'))
 
 
 # ------------------------------------------------------------------ report
@@ -831,6 +863,8 @@ def markdown(report: Mapping[str, Any]) -> str:
       + ', '.join(f'{x:.2f}' for x in env['load_average'])
       + '; at end: ' + ', '.join(f'{x:.2f}' for x in
                                   report['load_average_end']),
+      '- Host memory: ' + host_memory(env.get('host_memory'),
+                                      s.get('hugepages')),
       f'- Memory budget for skipping: '
       f'{reporting.fmt_bytes(s["memory_budget_bytes"])}',
       f'- Time: median of up to {s["repeats"]} calls after compilation and '
@@ -1013,12 +1047,45 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
               f'time / {versus}: > 1× means the official code is slower)',
               '', _length_table(idx, labels, lengths, 'official', mode,
                                 'time_s', official_cell), '']
+  def faults_cell(mode, m, n, f):
+    ours = workers.ok_value(idx.get((m, 'jax', mode, n)), 'faults_per_call')
+    return (f'{f:,.0f}' + ('' if ours is None else f' (ours {ours:,.0f})'))
+
+  if any(r.get('faults_per_call') is not None for r in idx.values()):
+    for mode in s['modes']:
+      lines += [f'### {official.title}: {MODE_NAMES[mode]} minor page faults '
+                'per call (official, and ours)', '',
+                _length_table(idx, labels, lengths, 'official', mode,
+                              'faults_per_call', faults_cell), '']
   for mode in s['modes']:
     lines += [f'### {official.title}: {MODE_NAMES[mode]} net peak memory '
               '(official / ours: > 1× means the official code holds more)',
               '', _length_table(idx, labels, lengths, 'official', mode,
                                 'net_peak_bytes', memory_cell), '']
   return lines
+
+
+def host_memory(info: Optional[Mapping[str, Any]],
+                hugepages: Optional[str]) -> str:
+  """The report's line on how the workers got memory (older reports
+  recorded neither part)."""
+  if info is None:
+    return 'not recorded'
+  parts = [f'transparent huge pages `{info.get("transparent_hugepage")}`']
+  inherited = info.get('glibc_malloc_hugetlb')
+  if inherited is not None:
+    parts.append(f'`glibc.malloc.hugetlb={inherited}` in the command\'s '
+                 'environment (every worker)')
+  given = {'jax': 'the JAX workers (ours, and official JAX code)',
+           'all': 'every worker'}.get(hugepages or 'none')
+  if given:
+    parts.append(f'`{cpu_malloc.SETTING}` given to {given} '
+                 f'(`--hugepages {hugepages}`)')
+  elif inherited is None:
+    parts.append("glibc's default allocation (`--hugepages none`)")
+  if info.get('malloc_env'):
+    parts.append('; '.join(f'{k}={v}' for k, v in info['malloc_env'].items()))
+  return '; '.join(parts)
 
 
 _BACKEND_LABELS = {'jax': '', 'torch': ' (our PyTorch port)',

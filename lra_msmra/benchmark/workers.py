@@ -8,7 +8,12 @@
   figures), else another status ('skipped', 'failed', ...) and a reason.
 * Time: the jitted function is compiled first (compile time recorded), then
   called `warmup` times untimed, then `repeats` times, each call waited for
-  with `block_until_ready`; the median is reported (`time_calls`).
+  with `block_until_ready`; the median is reported (`time_calls`), with the
+  minor page faults of the whole process per timed call: memory touched for
+  the first time, which on the CPU backend is XLA's per-call temporary
+  buffer (`lra_msmra.cpu_malloc` says why and what to do about it).
+* A worker's environment is the command's, or one given to `run_worker`
+  (the attention benchmark's `--hugepages`).
 * A watchdog kills a worker whose resident memory passes the (host) budget
   or whose run passes the time limit, and records the point as skipped with
   the reason. How memory is measured, and how points predicted not to fit
@@ -18,6 +23,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -54,11 +60,13 @@ def time_calls(call: Callable[[], Any], sync: Callable[[Any], Any], *,
   """Median wall time of `call()` after `warmup` untimed calls.
 
   Stops early once `max_seconds` of timed calls have passed and at least
-  min(3, repeats) were made.
+  min(3, repeats) were made. `faults_per_call`: the process's minor page
+  faults during the timed calls, per call.
   """
   for _ in range(warmup):
     sync(call())
   times = []
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   start = time.perf_counter()
   while len(times) < repeats:
     t0 = time.perf_counter()
@@ -67,7 +75,9 @@ def time_calls(call: Callable[[], Any], sync: Callable[[Any], Any], *,
     if (len(times) >= min(3, repeats)
         and time.perf_counter() - start > max_seconds):
       break
-  return {'time_s': statistics.median(times), 'times_s': times}
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+  return {'time_s': statistics.median(times), 'times_s': times,
+          'faults_per_call': faults / len(times)}
 
 
 def emit_result(result: Mapping[str, Any]) -> None:
@@ -78,8 +88,11 @@ def emit_result(result: Mapping[str, Any]) -> None:
 
 def run_worker(module: str, payload: Mapping[str, Any], *,
                memory_budget_bytes: Optional[float], timeout_s: float,
-               poll_s: float = 0.2) -> dict[str, Any]:
+               poll_s: float = 0.2,
+               env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
   """Runs `python -m module --worker JSON` and returns its result.
+
+  `env`: the worker's environment (default: this process's).
 
   Returns a dict with `status` 'ok' (plus the worker's result), 'skipped'
   (killed by the watchdog: memory budget or time limit; `reason` says which)
@@ -87,7 +100,7 @@ def run_worker(module: str, payload: Mapping[str, Any], *,
   """
   cmd = [sys.executable, '-m', module, '--worker', json.dumps(payload)]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+                          text=True, env=None if env is None else dict(env))
   out, err = [], []
   readers = [threading.Thread(target=lambda s=s, b=b: b.extend(s), daemon=True)
              for s, b in ((proc.stdout, out), (proc.stderr, err))]

@@ -3,7 +3,9 @@ and how they predict it."""
 
 import pytest
 
+from lra_msmra import cpu_malloc
 from lra_msmra.benchmark import memory
+from lra_msmra.benchmark import workers
 
 GIB = memory.GIB
 
@@ -59,3 +61,19 @@ def test_predict_bytes():
   assert memory.growth_exponent(hist) == pytest.approx(2.0)
   # Sub-linear growth is clipped to linear.
   assert memory.predict_bytes([(1, 1.0), (2, 1.0)], 8) == pytest.approx(4.0)
+
+
+@pytest.mark.skipif(
+    cpu_malloc.thp_mode() in ('always', None)
+    or cpu_malloc.hugetlb_value() is not None,
+    reason='counts 4 KiB pages; here huge pages may serve the allocation')
+def test_time_calls_counts_the_page_faults_of_fresh_memory():
+  # 64 MiB is above glibc's largest dynamic mmap threshold (32 MiB), so each
+  # call gets fresh pages from the kernel and writes all 16,384 of them
+  # (bytes, through malloc; NumPy would ask for huge pages itself).
+  fresh = lambda: b'\x01' * (64 * 2 ** 20)
+  timing = workers.time_calls(fresh, lambda _: None, warmup=1, repeats=3,
+                              max_seconds=60)
+  assert timing['faults_per_call'] > 8_000
+  assert workers.time_calls(lambda: None, lambda _: None, warmup=1,
+                            repeats=3, max_seconds=60)['faults_per_call'] < 50

@@ -1,0 +1,95 @@
+"""Transparent huge pages for XLA:CPU's per-call buffers (Linux, glibc).
+
+On the CPU backend, XLA allocates the temporary buffer of a compiled program
+anew at every call (one block of `compiled.memory_analysis()
+.temp_size_in_bytes`, tens to hundreds of MB for one training step here),
+and frees it after. glibc serves a block that large with a fresh `mmap`, so
+every call touches every page of it for the first time: one page fault per
+4 KiB. On the 2-core machine of docs/benchmarks.md that is about 1.5 µs per
+fault, close to half the time of a `long_short` layer's forward pass at
+1,024 to 4,096 tokens (measured per call by `benchmark.attention`'s
+`faults_per_call`).
+
+With glibc's tunable `glibc.malloc.hugetlb=1` (glibc 2.35 and newer) and the
+kernel's transparent huge pages in `madvise` mode, glibc asks for huge pages
+on those mappings, so a call faults once per 2 MiB instead. The tunable is
+read when the process starts, so it has to be in the environment of the
+Python process:
+
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m lra_msmra.main ...
+
+Nothing computed changes (the same programs run on the same data); only
+where the memory comes from. In `always` mode the kernel already does this
+for large mappings, and in `never` mode the tunable has no effect. This
+module only reads the settings and builds environments; it changes nothing
+in the running process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping, Optional
+
+TUNABLE = 'glibc.malloc.hugetlb'
+SETTING = f'{TUNABLE}=1'
+THP_MODE_FILE = '/sys/kernel/mm/transparent_hugepage/enabled'
+
+
+def thp_mode(path: str = THP_MODE_FILE) -> Optional[str]:
+  """The kernel's transparent huge page mode (`always`, `madvise`, `never`),
+  None where it cannot be read (not Linux, no THP)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError:
+    return None
+  for word in text.split():
+    if word.startswith('[') and word.endswith(']'):
+      return word[1:-1]
+  return None
+
+
+def hugetlb_value(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+  """The value `GLIBC_TUNABLES` gives `glibc.malloc.hugetlb`, or None."""
+  value = None
+  for item in environ.get('GLIBC_TUNABLES', '').split(':'):
+    key, _, setting = item.partition('=')
+    if key == TUNABLE:
+      value = setting  # The last one counts, as for glibc.
+  return value
+
+
+def with_hugepages(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+  """A copy of `environ` whose `GLIBC_TUNABLES` sets `glibc.malloc.hugetlb=1`
+  (other tunables kept; an explicit setting of it is replaced)."""
+  env = dict(environ)
+  items = [item for item in env.get('GLIBC_TUNABLES', '').split(':')
+           if item and item.partition('=')[0] != TUNABLE]
+  env['GLIBC_TUNABLES'] = ':'.join(items + [SETTING])
+  return env
+
+
+def describe(environ: Mapping[str, str] = os.environ) -> dict[str, object]:
+  """What decides how this process gets memory: the THP mode, the glibc
+  huge page tunable and any `MALLOC_*` variables (for benchmark reports)."""
+  return {'transparent_hugepage': thp_mode(),
+          'glibc_malloc_hugetlb': hugetlb_value(environ),
+          'malloc_env': {k: v for k, v in sorted(environ.items())
+                         if k.startswith('MALLOC_')}}
+
+
+def hint(backend: str, environ: Mapping[str, str] = os.environ,
+         mode: Optional[str] = None, platform: str = sys.platform
+         ) -> Optional[str]:
+  """One line for the start of a CPU run that would gain from the tunable,
+  else None (other backends, not Linux, THP not in `madvise` mode, or the
+  tunable already set)."""
+  mode = thp_mode() if mode is None else mode
+  if (backend != 'cpu' or not platform.startswith('linux')
+      or mode != 'madvise' or hugetlb_value(environ) is not None):
+    return None
+  return (f'Note: GLIBC_TUNABLES={SETTING} in the environment gives '
+          "XLA:CPU's per-step buffers huge pages, which makes large steps "
+          'faster on this kind of machine (same results; docs/benchmarks.md, '
+          '"Page faults").')
