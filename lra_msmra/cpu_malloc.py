@@ -2,13 +2,10 @@
 
 On the CPU backend, XLA allocates the temporary buffer of a compiled program
 anew at every call (one block of `compiled.memory_analysis()
-.temp_size_in_bytes`, tens to hundreds of MB for one training step here),
-and frees it after. glibc serves a block that large with a fresh `mmap`, so
+.temp_size_in_bytes`: 36 MB to 1 GB for one `long_short` layer at 1,024
+to 16,384 tokens in docs/benchmarks.md), and frees it after. glibc serves a block that large with a fresh `mmap`, so
 every call touches every page of it for the first time: one page fault per
-4 KiB. On the 2-core machine of docs/benchmarks.md that is about 1.5 µs per
-fault, close to half the time of a `long_short` layer's forward pass at
-1,024 to 4,096 tokens (measured per call by `benchmark.attention`'s
-`faults_per_call`).
+4 KiB (the benchmarks' `faults_per_call` counts them).
 
 With glibc's tunable `glibc.malloc.hugetlb=1` (glibc 2.35 and newer) and the
 kernel's transparent huge pages in `madvise` mode, glibc asks for huge pages
@@ -18,8 +15,10 @@ Python process:
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m lra_msmra.main ...
 
-Nothing computed changes (the same programs run on the same data); only
-where the memory comes from. In `always` mode the kernel already does this
+On the 2-core machine of docs/benchmarks.md ("Page faults"), full-size
+ListOps training steps ran 1.5 to 1.6 times faster with it. Nothing
+computed changes (the same programs run on the same data); only where the
+memory comes from. In `always` mode the kernel already does this
 for large mappings, and in `never` mode the tunable has no effect. This
 module only reads the settings and builds environments; it changes nothing
 in the running process.
