@@ -3,8 +3,10 @@ budget that points predicted not to fit are skipped by.
 
 * Memory on CPU: `compiled.memory_analysis()` under-reports on the CPU
   backend, so the figure is the process's resident memory. Just before the
-  warm-up the kernel's high-water mark is reset (`/proc/self/clear_refs`,
-  value 5) and the resident size noted; after the last repeat the high-water
+  warm-up the C library's free heap is handed back to the kernel
+  (`malloc_trim`, so that memory freed earlier cannot leave during the work
+  and hide its growth), the kernel's high-water mark is reset
+  (`/proc/self/clear_refs`, value 5) and the resident size noted; after the last repeat the high-water
   mark (`VmHWM`) is read. The reported peak is their difference: the memory
   the computation itself adds on top of parameters, inputs and the compiled
   program (`PeakMemory`). The process's overall peak (`ru_maxrss`, compile
@@ -25,6 +27,7 @@ budget that points predicted not to fit are skipped by.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import resource
 from typing import Any, Mapping, Optional, Sequence
@@ -75,6 +78,17 @@ def memory_available_bytes() -> Optional[int]:
 DEVICE_METHOD = 'device peak_bytes_in_use'
 
 
+def release_free_heap() -> bool:
+  """Hands the C library's free heap memory back to the kernel (glibc's
+  `malloc_trim(0)`); False where the C library has no such call."""
+  try:
+    trim = ctypes.CDLL(None).malloc_trim
+  except (OSError, AttributeError):
+    return False
+  trim(0)
+  return True
+
+
 class PeakMemory:
   """Net peak memory of a block of work (see the module docstring).
 
@@ -93,13 +107,17 @@ class PeakMemory:
     if self._device is not None:
       self.method = DEVICE_METHOD
       self._start = self._device.memory_stats()['bytes_in_use']
-    elif reset_peak_rss():
-      self.method = 'resident memory (VmHWM after clear_refs)'
-      self._start = proc_status_bytes('VmRSS')
+      return self
+    # Memory freed earlier (compilation, setup) but still resident could be
+    # handed back to the kernel during the work and hide part of its growth
+    # (a net peak of 0 was seen); hand it back before the baseline instead.
+    trimmed = ', free heap trimmed first' if release_free_heap() else ''
+    if reset_peak_rss():
+      self.method = f'resident memory (VmHWM after clear_refs{trimmed})'
     else:
       # Without clear_refs the high-water mark includes everything before.
-      self.method = 'resident memory (VmHWM, not reset)'
-      self._start = proc_status_bytes('VmRSS')
+      self.method = f'resident memory (VmHWM, not reset{trimmed})'
+    self._start = proc_status_bytes('VmRSS')
     return self
 
   def __exit__(self, *exc) -> None:
