@@ -63,6 +63,13 @@ not see it; `--official_combiner_tolerance`), then timed as a JAX point
 like ours (compile time, FLOPs and memory too). Other specs are recorded as
 unsupported, with the reason.
 
+Host memory (`--hugepages none|jax|all`): XLA:CPU faults in its per-call
+temporary buffer page by page (`lra_msmra.cpu_malloc`); the option gives
+glibc's huge page tunable to no worker, to the JAX workers (ours and the
+official Combiner code) or to every worker. Each record keeps its worker's
+memory settings and minor page faults per call, and the report says which
+workers had the tunable.
+
 Outputs in `--out`: `attention.json` (every record, the environment and the
 command), `attention.md` (tables) and `attention_time.png`,
 `attention_memory.png` (log-log plots).
@@ -1047,6 +1054,7 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
               f'time / {versus}: > 1× means the official code is slower)',
               '', _length_table(idx, labels, lengths, 'official', mode,
                                 'time_s', official_cell), '']
+
   def faults_cell(mode, m, n, f):
     ours = workers.ok_value(idx.get((m, 'jax', mode, n)), 'faults_per_call')
     return (f'{f:,.0f}' + ('' if ours is None else f' (ours {ours:,.0f})'))
