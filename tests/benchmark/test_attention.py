@@ -124,3 +124,17 @@ def test_host_memory_line_says_who_got_the_tunable():
   assert "`glibc.malloc.hugetlb=1` in the command's environment" in line
   assert line.endswith('MALLOC_ARENA_MAX=1')
   assert attention.host_memory(None, None) == 'not recorded'
+
+
+@pytest.mark.parametrize('flag,value,message', [
+    ('--mechanisms', 'cst:slice_length=2*4', '--mechanisms: Knob value'),
+    ('--mechanisms', 'slice_length=8', '--mechanisms: Knob'),
+    ('--lengths', '1024,x', "--lengths: Length 'x' is not an integer"),
+])
+def test_a_bad_spec_or_length_is_one_usage_line(flag, value, message, capsys):
+  from lra_msmra.benchmark import train_step  # pylint: disable=g-import-not-at-top
+  for command in (attention, train_step):
+    with pytest.raises(SystemExit) as exit_info:
+      command.parse_args(['--out', 'x', flag, value])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
