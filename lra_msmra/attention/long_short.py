@@ -313,14 +313,39 @@ def _attend_recomputed(config: _AttendConfig, q, projected, window,
   (`lax.optimization_barrier`) for the output and its cotangent, so XLA
   cannot hoist it into the forward pass, where its intermediates would be
   live at the same time as the forward ones.
+
+  Evaluated without differentiation (inference, evaluation), it runs one
+  batch row at a time on CPU (`_by_rows_on_cpu`).
   """
-  return _attend(q, projected, window, query_mask, dropout_mask,
-                 **config._asdict())
+  return _by_rows_on_cpu(functools.partial(_attend, **config._asdict()),
+                         q, projected, window, query_mask, dropout_mask)
+
+
+def _by_rows_on_cpu(fn, *args):
+  """`fn(*args)`; lowered for CPU, one batch row after another.
+
+  Every argument and output has the batch as its leading axis and `fn`
+  treats rows independently, so both forms give the same values (the same
+  bits: each row's operations are the same). XLA:CPU allocates a program's
+  temporary buffer at every call and glibc maps a large one afresh, so the
+  whole batch's window tiles and layout copies cost page faults at every
+  call (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
+  worth smaller. GPUs and TPUs keep the whole batch in one kernel.
+  """
+  def rows(*args):
+    def one(row):
+      return jax.tree.map(lambda a: a[0],
+                          fn(*jax.tree.map(lambda a: a[None], row)))
+    return jax.lax.map(one, args)
+  return jax.lax.platform_dependent(*args, cpu=rows, default=fn)
 
 
 def _attend_fwd(config, q, projected, window, query_mask, dropout_mask):
-  out, probs = _attend_recomputed(config, q, projected, window, query_mask,
-                                  dropout_mask)
+  # Under differentiation the whole batch at once: one row at a time saved
+  # nothing there (the backward pass's recomputation dominates) and cost a
+  # few per cent.
+  out, probs = _attend(q, projected, window, query_mask, dropout_mask,
+                       **config._asdict())
   return (out, probs), (q, projected, window, query_mask, dropout_mask, out)
 
 

@@ -542,3 +542,41 @@ def test_best_is_unknown_for_image_tasks(task):
 def test_best_needs_the_paper_protocol():
   with pytest.raises(ValueError, match='xiong'):
     _config('listops', 'best')
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_cpu_forward_one_row_at_a_time_gives_the_same_bits(causal):
+  # The forward pass without differentiation runs the attention core one
+  # batch row at a time on CPU (`_by_rows_on_cpu`); the whole-batch form is
+  # what GPUs and TPUs run and what the backward pass recomputes.
+  layer = LongShortAttention(num_heads=2, qkv_features=16, window_size=4,
+                             num_landmarks=3, causal=causal,
+                             chunk_size=4 if causal else None)
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 24, 16))
+  mask = jnp.arange(24)[None, :] < jnp.array([[24], [17], [9]])
+  params = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)
+  rows = jax.jit(lambda p: layer.apply(p, x, padding_mask=mask))(params)
+  with _whole_batch():
+    whole = jax.jit(lambda p: layer.apply(p, x, padding_mask=mask))(params)
+  np.testing.assert_array_equal(np.asarray(rows), np.asarray(whole))
+  # Only the CPU lowering loops over rows.
+  config = long_short._AttendConfig(4, 2, 2, False, 1.0)
+  core = lambda q: long_short._attend_recomputed(config, q, None, (
+      q, q, jnp.ones(q.shape[:2], bool)), jnp.ones(q.shape[:2], bool), None)
+  q = jax.ShapeDtypeStruct((3, 8, 2, 4), jnp.float32)
+  lowered = {p: jax.jit(core).trace(q).lower(lowering_platforms=(p,)).as_text()
+             for p in ('cpu', 'cuda', 'tpu')}
+  assert 'stablehlo.while' in lowered['cpu']
+  assert 'stablehlo.while' not in lowered['cuda']
+  assert 'stablehlo.while' not in lowered['tpu']
+
+
+class _whole_batch:
+  """Makes `_by_rows_on_cpu` compute the whole batch at once."""
+
+  def __enter__(self):
+    self._saved = long_short._by_rows_on_cpu
+    long_short._by_rows_on_cpu = lambda fn, *args: fn(*args)
+
+  def __exit__(self, *exc):
+    long_short._by_rows_on_cpu = self._saved
