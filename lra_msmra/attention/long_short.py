@@ -38,7 +38,8 @@ memory per head; causal, the compressed logits are `[B, H, N, (N / l) r]`,
 quadratic in N with the constant r / l, as in the official code. The memory
 layout (not the function) is explained next to the code: the window tiles
 and the joint softmax in `_attend`, its recomputation in the backward pass
-in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
+in `_attend_recomputed`, the CPU forward pass one batch row at a time in
+`_by_rows_on_cpu`, DualLN's backward pass in `_layer_norm` and
 `_layer_norm_bwd`.
 
 Intermediates (`mutable=['intermediates']`): `projection` (P; bidirectional
@@ -67,6 +68,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lra_msmra import cpu_malloc
 from lra_msmra.attention import base
 
 Array = jax.Array
@@ -330,8 +332,16 @@ def _by_rows_on_cpu(fn, *args):
   temporary buffer at every call and glibc maps a large one afresh, so the
   whole batch's window tiles and layout copies cost page faults at every
   call (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
-  worth smaller. GPUs and TPUs keep the whole batch in one kernel.
+  worth smaller. Where huge pages already make those faults cheap (glibc's
+  tunable in this process's environment, or the kernel's THP mode
+  `always`), the loop only costs time, so the whole batch runs at once
+  (docs/benchmarks.md, "Page faults"). GPUs and TPUs keep the whole batch in
+  one kernel.
   """
+  if (cpu_malloc.hugetlb_value() not in (None, '0')
+      or cpu_malloc.thp_mode() == 'always'):
+    return fn(*args)
+
   def rows(*args):
     def one(row):
       return jax.tree.map(lambda a: a[0],

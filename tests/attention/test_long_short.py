@@ -545,10 +545,14 @@ def test_best_needs_the_paper_protocol():
 
 
 @pytest.mark.parametrize('causal', [False, True])
-def test_cpu_forward_one_row_at_a_time_gives_the_same_bits(causal):
+def test_cpu_forward_one_row_at_a_time_gives_the_same_bits(causal,
+                                                           monkeypatch):
   # The forward pass without differentiation runs the attention core one
-  # batch row at a time on CPU (`_by_rows_on_cpu`); the whole-batch form is
-  # what GPUs and TPUs run and what the backward pass recomputes.
+  # batch row at a time on CPU (`_by_rows_on_cpu`) where 4 KiB pages back
+  # XLA's buffers; the whole-batch form is what GPUs and TPUs run and what
+  # the backward pass recomputes.
+  monkeypatch.setattr(long_short.cpu_malloc, 'thp_mode', lambda: 'madvise')
+  monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
   layer = LongShortAttention(num_heads=2, qkv_features=16, window_size=4,
                              num_landmarks=3, causal=causal,
                              chunk_size=4 if causal else None)
@@ -569,6 +573,16 @@ def test_cpu_forward_one_row_at_a_time_gives_the_same_bits(causal):
   assert 'stablehlo.while' in lowered['cpu']
   assert 'stablehlo.while' not in lowered['cuda']
   assert 'stablehlo.while' not in lowered['tpu']
+  # With huge pages the faults are cheap and the loop only costs time.
+  for setting in ('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=1'), ('mode', None):
+    with monkeypatch.context() as m:
+      if setting[0] == 'mode':
+        m.setattr(long_short.cpu_malloc, 'thp_mode', lambda: 'always')
+      else:
+        m.setenv(*setting)
+      fresh = lambda q: core(q)  # Not jit's cached trace of `core`.
+      text = jax.jit(fresh).trace(q).lower(lowering_platforms=('cpu',))
+      assert 'stablehlo.while' not in text.as_text()
 
 
 class _whole_batch:
