@@ -197,14 +197,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--growth_from', type=int, default=4096,
                  help='length the growth table divides by')
   args = p.parse_args(argv)
-  try:
-    args.specs = specs.parse_specs(args.mechanisms)
-  except ValueError as e:
-    p.error(f'--mechanisms: {e}')
-  try:
-    args.length_list = specs.parse_lengths(args.lengths)
-  except ValueError as e:
-    p.error(f'--lengths: {e}')
+  args.specs, args.length_list = specs.parse_flags(p, args.mechanisms,
+                                                  args.lengths)
   args.mode_list = [m.strip() for m in args.modes.split(',') if m.strip()]
   bad = sorted(set(args.mode_list) - set(MODES))
   if bad or not args.mode_list:

@@ -178,3 +178,17 @@ def parse_lengths(text: str) -> list[int]:
   if not lengths:
     raise ValueError('No length given.')
   return sorted(set(lengths))
+
+
+def parse_flags(parser, mechanisms: str, lengths: str
+                ) -> tuple[list[Spec], list[int]]:
+  """`--mechanisms` and `--lengths` of a benchmark command, or its parser's
+  one-line usage error naming the flag (`parser.error` exits)."""
+  parsed = []
+  for flag, parse, text in (('--mechanisms', parse_specs, mechanisms),
+                            ('--lengths', parse_lengths, lengths)):
+    try:
+      parsed.append(parse(text))
+    except ValueError as e:
+      parser.error(f'{flag}: {e}')
+  return parsed[0], parsed[1]

@@ -88,14 +88,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--baseline', default='softmax')
   p.add_argument('--config_dir', default=CONFIG_ROOT)
   args = p.parse_args(argv)
-  try:
-    args.specs = specs.parse_specs(args.mechanisms)
-  except ValueError as e:
-    p.error(f'--mechanisms: {e}')
-  try:
-    args.length_list = specs.parse_lengths(args.lengths)
-  except ValueError as e:
-    p.error(f'--lengths: {e}')
+  args.specs, args.length_list = specs.parse_flags(p, args.mechanisms,
+                                                  args.lengths)
   if args.batch < 1 or args.repeats < 1:
     p.error('--batch and --repeats must be >= 1')
   for spec in args.specs:
