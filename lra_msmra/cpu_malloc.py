@@ -3,9 +3,10 @@
 On the CPU backend, XLA allocates the temporary buffer of a compiled program
 anew at every call (one block of `compiled.memory_analysis()
 .temp_size_in_bytes`: 36 MB to 1 GB for one `long_short` layer at 1,024
-to 16,384 tokens in docs/benchmarks.md), and frees it after. glibc serves a block that large with a fresh `mmap`, so
-every call touches every page of it for the first time: one page fault per
-4 KiB (the benchmarks' `faults_per_call` counts them).
+to 16,384 tokens in docs/benchmarks.md), and frees it after. glibc serves
+a block that large with a fresh `mmap`, so every call touches every page
+of it for the first time: one page fault per 4 KiB (the benchmarks'
+`faults_per_call` counts them).
 
 With glibc's tunable `glibc.malloc.hugetlb=1` (glibc 2.35 and newer) and the
 kernel's transparent huge pages in `madvise` mode, glibc asks for huge pages
@@ -57,6 +58,16 @@ def hugetlb_value(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     if key == TUNABLE:
       value = setting  # The last one counts, as for glibc.
   return value
+
+
+def huge_pages(environ: Mapping[str, str] = os.environ,
+               mode: Optional[str] = None) -> bool:
+  """Whether glibc's large mappings get huge pages in a process with
+  `environ`: the kernel gives them in THP mode `always`, and in `madvise`
+  mode where the tunable asks for them."""
+  mode = thp_mode() if mode is None else mode
+  return mode == 'always' or (
+      mode == 'madvise' and hugetlb_value(environ) not in (None, '0'))
 
 
 def with_hugepages(environ: Mapping[str, str] = os.environ) -> dict[str, str]:

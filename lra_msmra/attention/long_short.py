@@ -332,14 +332,13 @@ def _by_rows_on_cpu(fn, *args):
   temporary buffer at every call and glibc maps a large one afresh, so the
   whole batch's window tiles and layout copies cost page faults at every
   call (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
-  worth smaller. Where huge pages already make those faults cheap (glibc's
-  tunable in this process's environment, or the kernel's THP mode
-  `always`), the loop only costs time, so the whole batch runs at once
-  (docs/benchmarks.md, "Page faults"). GPUs and TPUs keep the whole batch in
-  one kernel.
+  worth smaller. Where huge pages already make those faults cheap
+  (`cpu_malloc.huge_pages`: glibc's tunable in this process's environment
+  with THP `madvise`, or THP `always`), the loop only costs time, so the
+  whole batch runs at once (docs/benchmarks.md, "Page faults"). GPUs and
+  TPUs keep the whole batch in one kernel.
   """
-  if (cpu_malloc.hugetlb_value() not in (None, '0')
-      or cpu_malloc.thp_mode() == 'always'):
+  if cpu_malloc.huge_pages():
     return fn(*args)
 
   def rows(*args):

@@ -6,13 +6,14 @@ budget that points predicted not to fit are skipped by.
   warm-up the C library's free heap is handed back to the kernel
   (`malloc_trim`, so that memory freed earlier cannot leave during the work
   and hide its growth), the kernel's high-water mark is reset
-  (`/proc/self/clear_refs`, value 5) and the resident size noted; after the last repeat the high-water
-  mark (`VmHWM`) is read. The reported peak is their difference: the memory
-  the computation itself adds on top of parameters, inputs and the compiled
-  program (`PeakMemory`). The process's overall peak (`ru_maxrss`, compile
-  included) is recorded as well. On GPU/TPU the runtime's per-device
-  `peak_bytes_in_use` minus `bytes_in_use` before the run is used instead
-  (the /proc figures are then host memory and are only recorded).
+  (`/proc/self/clear_refs`, value 5) and the resident size noted; after the
+  last repeat the high-water mark (`VmHWM`) is read. The reported peak is
+  their difference: the memory the computation itself adds on top of
+  parameters, inputs and the compiled program (`PeakMemory`). The
+  process's overall peak (`ru_maxrss`, compile included) is recorded as
+  well. On GPU/TPU the runtime's per-device `peak_bytes_in_use` minus
+  `bytes_in_use` before the run is used instead (the /proc figures are then
+  host memory and are only recorded).
 * Points that would not fit are skipped, not crashed: before a point runs,
   its peak is predicted from the two previous lengths of the same mechanism
   (a power law in the length, exponent clipped to [1, 2.5]; from a single
