@@ -60,16 +60,6 @@ def hugetlb_value(environ: Mapping[str, str] = os.environ) -> Optional[str]:
   return value
 
 
-def huge_pages(environ: Mapping[str, str] = os.environ,
-               mode: Optional[str] = None) -> bool:
-  """Whether glibc's large mappings get huge pages in a process with
-  `environ`: the kernel gives them in THP mode `always`, and in `madvise`
-  mode where the tunable asks for them."""
-  mode = thp_mode() if mode is None else mode
-  return mode == 'always' or (
-      mode == 'madvise' and hugetlb_value(environ) not in (None, '0'))
-
-
 def with_hugepages(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
   """A copy of `environ` whose `GLIBC_TUNABLES` sets `glibc.malloc.hugetlb=1`
   (other tunables kept; an explicit setting of it is replaced)."""

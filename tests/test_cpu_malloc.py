@@ -56,12 +56,3 @@ def test_describe_reports_what_a_child_process_was_given():
   assert '"glibc_malloc_hugetlb": "1"' in out
   assert '"malloc_env": {"MALLOC_ARENA_MAX": "2"}' in out
 
-
-def test_huge_pages_where_the_kernel_gives_them():
-  tunable = {'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=1'}
-  assert cpu_malloc.huge_pages({}, mode='always')
-  assert cpu_malloc.huge_pages(tunable, mode='madvise')
-  assert not cpu_malloc.huge_pages({}, mode='madvise')
-  assert not cpu_malloc.huge_pages(
-      {'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'}, mode='madvise')
-  assert not cpu_malloc.huge_pages(tunable, mode='never')  # No effect there.

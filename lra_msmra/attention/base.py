@@ -29,6 +29,7 @@ its output to every attention layer as the keyword argument `shared`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -63,6 +64,10 @@ class Attention(nn.Module):
     bias_init: initialiser of projection biases.
     zero_padded_queries: (class constant, not a field) the padded-row rule:
       True zeroes the output at padded query positions after `attend`.
+    rows_on_cpu: (class constant, not a field) True runs a deterministic
+      forward pass without differentiation (evaluation, inference) one batch
+      row at a time when lowered for CPU; see `__call__`. A mechanism opts in
+      where a benchmark shows the gain.
   """
   num_heads: int = 8
   qkv_features: Optional[int] = None
@@ -75,6 +80,7 @@ class Attention(nn.Module):
   bias_init: Callable[..., Array] = nn.initializers.zeros
 
   zero_padded_queries: ClassVar[bool] = True
+  rows_on_cpu: ClassVar[bool] = False
 
   def __post_init__(self):
     self.check_knobs()
@@ -106,10 +112,29 @@ class Attention(nn.Module):
     Returns:
       `[batch, length, out_features]`; zero at padded positions if
       `zero_padded_queries`.
+
+    With `rows_on_cpu`, a deterministic call without `kwargs` that sows
+    nothing (neither `intermediates` nor `metrics` is mutable) goes through
+    `_attend_by_rows_on_cpu`. Lowered for CPU and not differentiated, it
+    computes `attend` one batch row at a time: XLA:CPU allocates a program's
+    temporary buffer anew at every call, and glibc maps a buffer over 32 MiB
+    afresh, so a whole batch's activations are page-faulted in at every call
+    (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
+    worth smaller. The
+    values are those of the whole-batch call up to float32 rounding: XLA:CPU
+    may order a reduction along the sequence differently for one row than
+    for four. Differentiated, and on GPU and TPU, the whole batch runs at
+    once, unchanged.
     """
     padding_mask = default_padding_mask(x, padding_mask)
-    y = self.attend(x, padding_mask=padding_mask,
-                    deterministic=deterministic, **kwargs)
+    if (self.rows_on_cpu and deterministic and not kwargs
+        and not self.is_initializing()
+        and not any(self.is_mutable_collection(c)
+                    for c in ('intermediates', 'metrics'))):
+      y = _attend_by_rows_on_cpu(self, x, padding_mask)
+    else:
+      y = self.attend(x, padding_mask=padding_mask,
+                      deterministic=deterministic, **kwargs)
     if self.zero_padded_queries:
       y = jnp.where(padding_mask[..., None], y, jnp.zeros((), y.dtype))
     return y
@@ -185,6 +210,54 @@ class Attention(nn.Module):
     keep = 1.0 - self.dropout_rate
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep, probs.shape)
     return jnp.where(mask, probs / keep, 0.0).astype(probs.dtype)
+
+
+def _attend_by_rows_on_cpu(module: Attention, x: Array,
+                           padding_mask: Array) -> Array:
+  """`module.attend(x, ...)`, deterministic; on CPU one batch row at a time
+  unless differentiated (`Attention.rows_on_cpu`).
+
+  The row loop needs `attend` as a pure function of the variables, so it
+  applies an unbound copy of the module to a snapshot of its variables; the
+  parameters and their gradients are the module's own.
+  """
+  detached = module.clone(parent=None)
+
+  def attend(variables, x, padding_mask):
+    return detached.apply(variables, x, padding_mask=padding_mask,
+                          deterministic=True, method='attend')
+  return _by_rows_unless_differentiated(attend, module.variables, x,
+                                        padding_mask)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _by_rows_unless_differentiated(fn, variables, *batched):
+  """`fn(variables, *batched)`, lowered for CPU as a loop over batch rows.
+
+  `fn` must treat rows independently and return `[batch, ...]`. Only the
+  evaluation without differentiation loops: under `jax.grad` / `jax.vjp`
+  the forward rule below runs `fn` on the whole batch, so training computes
+  exactly what it would without this wrapper. GPU and TPU lowerings never
+  loop.
+  """
+  def rows(variables, *batched):
+    def one(row):
+      return fn(variables, *(a[None] for a in row))[0]
+    return jax.lax.map(one, batched)
+  return jax.lax.platform_dependent(variables, *batched, cpu=rows,
+                                    default=fn)
+
+
+def _by_rows_fwd(fn, variables, *batched):
+  return jax.vjp(fn, variables, *batched)
+
+
+def _by_rows_bwd(fn, pullback, cotangent):
+  del fn
+  return pullback(cotangent)
+
+
+_by_rows_unless_differentiated.defvjp(_by_rows_fwd, _by_rows_bwd)
 
 
 def default_padding_mask(x: Array, padding_mask: Optional[Array]) -> Array:

@@ -38,9 +38,9 @@ memory per head; causal, the compressed logits are `[B, H, N, (N / l) r]`,
 quadratic in N with the constant r / l, as in the official code. The memory
 layout (not the function) is explained next to the code: the window tiles
 and the joint softmax in `_attend`, its recomputation in the backward pass
-in `_attend_recomputed`, the CPU forward pass one batch row at a time in
-`_by_rows_on_cpu`, DualLN's backward pass in `_layer_norm` and
-`_layer_norm_bwd`.
+in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
+`_layer_norm_bwd`. Evaluated on CPU, the layer runs one batch row at a time
+(`rows_on_cpu`, `base.Attention.__call__`).
 
 Intermediates (`mutable=['intermediates']`): `projection` (P; bidirectional
 `[B, N, H, r]`, causal `[B, chunks, l, H, r]`), `compressed_keys` (LN_G(K̄);
@@ -68,7 +68,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lra_msmra import cpu_malloc
 from lra_msmra.attention import base
 
 Array = jax.Array
@@ -315,44 +314,12 @@ def _attend_recomputed(config: _AttendConfig, q, projected, window,
   (`lax.optimization_barrier`) for the output and its cotangent, so XLA
   cannot hoist it into the forward pass, where its intermediates would be
   live at the same time as the forward ones.
-
-  Evaluated without differentiation (inference, evaluation), it runs one
-  batch row at a time on CPU (`_by_rows_on_cpu`).
   """
-  return _by_rows_on_cpu(functools.partial(_attend, **config._asdict()),
-                         q, projected, window, query_mask, dropout_mask)
-
-
-def _by_rows_on_cpu(fn, *args):
-  """`fn(*args)`; lowered for CPU, one batch row after another.
-
-  Every argument and output has the batch as its leading axis and `fn`
-  treats rows independently, so both forms give the same values (the same
-  bits: each row's operations are the same). XLA:CPU allocates a program's
-  temporary buffer at every call and glibc maps a large one afresh, so the
-  whole batch's window tiles and layout copies cost page faults at every
-  call (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
-  worth smaller. Where huge pages already make those faults cheap
-  (`cpu_malloc.huge_pages`: glibc's tunable in this process's environment
-  with THP `madvise`, or THP `always`), the loop only costs time, so the
-  whole batch runs at once (docs/benchmarks.md, "Page faults"). GPUs and
-  TPUs keep the whole batch in one kernel.
-  """
-  if cpu_malloc.huge_pages():
-    return fn(*args)
-
-  def rows(*args):
-    def one(row):
-      return jax.tree.map(lambda a: a[0],
-                          fn(*jax.tree.map(lambda a: a[None], row)))
-    return jax.lax.map(one, args)
-  return jax.lax.platform_dependent(*args, cpu=rows, default=fn)
+  return _attend(q, projected, window, query_mask, dropout_mask,
+                 **config._asdict())
 
 
 def _attend_fwd(config, q, projected, window, query_mask, dropout_mask):
-  # Under differentiation the whole batch at once: one row at a time saved
-  # nothing there (the backward pass's recomputation dominates) and cost a
-  # few per cent.
   out, probs = _attend(q, projected, window, query_mask, dropout_mask,
                        **config._asdict())
   return (out, probs), (q, projected, window, query_mask, dropout_mask, out)
@@ -411,6 +378,11 @@ class LongShortAttention(base.Attention):
   chunk_size: Optional[int] = None
   conv_kernel_size: int = 0
   normalize_before_compress: Optional[bool] = None
+
+  # Evaluation on CPU one batch row at a time (`base.Attention.__call__`):
+  # faster and smaller there, with or without huge pages (docs/benchmarks.md,
+  # "Page faults").
+  rows_on_cpu = True
 
   def check_knobs(self) -> None:
     w, r = self.window_size, self.num_landmarks

@@ -1,5 +1,6 @@
 """Numerics helpers shared by the mechanisms (lra_msmra/attention/base.py)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -90,3 +91,72 @@ def test_after_keeps_values_and_stays_on_each_devices_rows():
                 out_shardings=rows).lower(anchor, stats).compile().as_text()
   for op in ('all-reduce', 'all-gather', 'collective-permute', 'all-to-all'):
     assert op not in hlo, op
+
+
+class _RowsProbe(base.Attention):
+  """A toy mechanism that opts into `rows_on_cpu`; it sows what it sees."""
+  rows_on_cpu = True
+
+  @nn.compact
+  def attend(self, x, *, padding_mask, deterministic):
+    del deterministic
+    # Mixes positions (a masked mean over the sequence), so a loop that
+    # mixed rows would show.
+    h = self.projection(4, 'value')(x)
+    real = padding_mask[:, :, None, None].astype(h.dtype)
+    pooled = jnp.sum(h * real, 1, keepdims=True) / jnp.sum(real, 1,
+                                                          keepdims=True)
+    self.sow('intermediates', 'batch', jnp.asarray(x.shape[0]))
+    return self.output_projection(x.shape[-1])(h + pooled)
+
+
+def _lowered(fn, *args, platform='cpu'):
+  return jax.jit(fn).trace(*args).lower(
+      lowering_platforms=(platform,)).as_text()
+
+
+def test_rows_on_cpu_loops_only_for_a_cpu_evaluation(monkeypatch):
+  layer = _RowsProbe(num_heads=2, use_bias=True)
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 8))
+  mask = jnp.arange(5)[None, :] < jnp.array([[5], [3], [1]])
+  variables = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)
+  evaluate = lambda v, x: layer.apply(v, x, padding_mask=mask)
+  assert 'stablehlo.while' in _lowered(evaluate, variables, x)
+  for platform in ('cuda', 'tpu'):
+    assert 'stablehlo.while' not in _lowered(evaluate, variables, x,
+                                             platform=platform)
+  # Each row was computed alone, and gives what the whole batch gives.
+  rows = jax.jit(evaluate)(variables, x)
+  monkeypatch.setattr(_RowsProbe, 'rows_on_cpu', False)
+  whole = jax.jit(lambda v, x: layer.apply(v, x, padding_mask=mask))(
+      variables, x)
+  np.testing.assert_allclose(rows, whole, rtol=1e-6, atol=1e-6)
+  monkeypatch.setattr(_RowsProbe, 'rows_on_cpu', True)
+
+  # Differentiated: the whole batch, with the same gradients bit for bit.
+  def loss(v, x):
+    return jnp.sum(jnp.sin(layer.apply(v, x, padding_mask=mask)))
+  assert 'stablehlo.while' not in _lowered(jax.grad(loss, (0, 1)),
+                                           variables, x)
+  grads = jax.jit(jax.grad(loss, (0, 1)))(variables, x)
+  monkeypatch.setattr(_RowsProbe, 'rows_on_cpu', False)
+  want = jax.jit(jax.grad(loss, (0, 1)))(variables, x)
+  jax.tree.map(np.testing.assert_array_equal, grads, want)
+
+
+def test_rows_on_cpu_keeps_the_whole_batch_where_a_row_loop_would_differ():
+  layer = _RowsProbe(num_heads=2, dropout_rate=0.5)
+  x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 8))
+  variables = layer.init(jax.random.PRNGKey(1), x)
+  calls = {
+      # Sowing: a row loop would sow per row.
+      'intermediates': lambda v, x: layer.apply(
+          v, x, mutable=['intermediates']),
+      # Dropout: its mask is drawn for the whole batch.
+      'dropout': lambda v, x: layer.apply(
+          v, x, deterministic=False, rngs={'dropout': jax.random.PRNGKey(2)}),
+  }
+  for name, call in calls.items():
+    assert 'stablehlo.while' not in _lowered(call, variables, x), name
+  _, sown = calls['intermediates'](variables, x)
+  assert sown['intermediates']['batch'] == (3,)
