@@ -123,14 +123,15 @@ class Attention(nn.Module):
     worth smaller. The
     values are those of the whole-batch call up to float32 rounding: XLA:CPU
     may order a reduction along the sequence differently for one row than
-    for four. Differentiated, and on GPU and TPU, the whole batch runs at
-    once, unchanged.
+    for four. Differentiated, on GPU and TPU, and in a process with several
+    CPU devices (`one_cpu_device`), the whole batch runs at once, unchanged.
     """
     padding_mask = default_padding_mask(x, padding_mask)
     if (self.rows_on_cpu and deterministic and not kwargs
         and not self.is_initializing()
         and not any(self.is_mutable_collection(c)
-                    for c in ('intermediates', 'metrics'))):
+                    for c in ('intermediates', 'metrics'))
+        and one_cpu_device()):
       y = _attend_by_rows_on_cpu(self, x, padding_mask)
     else:
       y = self.attend(x, padding_mask=padding_mask,
@@ -210,6 +211,16 @@ class Attention(nn.Module):
     keep = 1.0 - self.dropout_rate
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep, probs.shape)
     return jnp.where(mask, probs / keep, 0.0).astype(probs.dtype)
+
+
+def one_cpu_device() -> bool:
+  """Whether this process has one CPU device, where `rows_on_cpu` loops.
+
+  With several (a CPU mesh, e.g. XLA's forced host device count), the batch
+  may be split over them, and a loop over its rows would gather the whole
+  batch onto every device.
+  """
+  return len(jax.devices('cpu')) == 1
 
 
 def _attend_by_rows_on_cpu(module: Attention, x: Array,

@@ -111,7 +111,8 @@ class _RowsProbe(base.Attention):
 
 
 def _lowered(fn, *args, platform='cpu'):
-  return jax.jit(fn).trace(*args).lower(
+  # A fresh function each time: jit would reuse an earlier trace of `fn`.
+  return jax.jit(lambda *a: fn(*a)).trace(*args).lower(
       lowering_platforms=(platform,)).as_text()
 
 
@@ -121,6 +122,12 @@ def test_rows_on_cpu_loops_only_for_a_cpu_evaluation(monkeypatch):
   mask = jnp.arange(5)[None, :] < jnp.array([[5], [3], [1]])
   variables = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)
   evaluate = lambda v, x: layer.apply(v, x, padding_mask=mask)
+  # The tests' process has 8 CPU devices (tests/conftest.py): no loop there,
+  # since the batch may be split over them.
+  assert len(jax.devices('cpu')) > 1 and not base.one_cpu_device()
+  assert 'stablehlo.while' not in _lowered(evaluate, variables, x)
+  # A process with one CPU device, as users run.
+  monkeypatch.setattr(base, 'one_cpu_device', lambda: True)
   assert 'stablehlo.while' in _lowered(evaluate, variables, x)
   for platform in ('cuda', 'tpu'):
     assert 'stablehlo.while' not in _lowered(evaluate, variables, x,
@@ -144,7 +151,9 @@ def test_rows_on_cpu_loops_only_for_a_cpu_evaluation(monkeypatch):
   jax.tree.map(np.testing.assert_array_equal, grads, want)
 
 
-def test_rows_on_cpu_keeps_the_whole_batch_where_a_row_loop_would_differ():
+def test_rows_on_cpu_keeps_the_whole_batch_where_a_row_loop_would_differ(
+    monkeypatch):
+  monkeypatch.setattr(base, 'one_cpu_device', lambda: True)
   layer = _RowsProbe(num_heads=2, dropout_rate=0.5)
   x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 8))
   variables = layer.init(jax.random.PRNGKey(1), x)

@@ -16,6 +16,7 @@ import pytest
 
 from lra_msmra import config_lib
 from lra_msmra import validation
+from lra_msmra.attention import base
 from lra_msmra.attention import long_short
 from lra_msmra.attention.long_short import LongShortAttention
 from tests.attention import sparse_reference as ref
@@ -548,7 +549,9 @@ def test_best_needs_the_paper_protocol():
 def test_cpu_evaluation_one_row_at_a_time(causal, monkeypatch):
   # `rows_on_cpu`: evaluated without differentiation on CPU, the layer runs
   # one batch row at a time (`base.Attention.__call__`); differentiated, the
-  # whole batch, as on GPU and TPU.
+  # whole batch, as on GPU and TPU. As in a process with one CPU device
+  # (the tests have 8: tests/attention/test_base.py).
+  monkeypatch.setattr(base, 'one_cpu_device', lambda: True)
   layer = LongShortAttention(num_heads=2, qkv_features=16, window_size=4,
                              num_landmarks=3, causal=causal, use_bias=True,
                              chunk_size=4 if causal else None)
