@@ -2,8 +2,9 @@
 
 On the CPU backend, XLA allocates the temporary buffer of a compiled program
 anew at every call (one block of `compiled.memory_analysis()
-.temp_size_in_bytes`: 36 MB to 1 GB for one `long_short` layer at 1,024
-to 16,384 tokens in docs/benchmarks.md), and frees it after. glibc serves
+.temp_size_in_bytes`: 66 MB to 1 GB for one `long_short` layer's forward
+and backward pass at 1,024 to 16,384 tokens in docs/benchmarks.md), and
+frees it after. glibc serves
 a block that large with a fresh `mmap`, so every call touches every page
 of it for the first time: one page fault per 4 KiB (the benchmarks'
 `faults_per_call` counts them).

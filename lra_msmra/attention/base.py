@@ -120,11 +120,11 @@ class Attention(nn.Module):
     temporary buffer anew at every call, and glibc maps a buffer over 32 MiB
     afresh, so a whole batch's activations are page-faulted in at every call
     (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
-    worth smaller. The
-    values are those of the whole-batch call up to float32 rounding: XLA:CPU
-    may order a reduction along the sequence differently for one row than
-    for four. Differentiated, on GPU and TPU, and in a process with several
-    CPU devices (`one_cpu_device`), the whole batch runs at once, unchanged.
+    worth smaller. The values are those of the whole-batch call up to
+    float32 rounding: XLA:CPU may order a reduction along the sequence
+    differently for one row than for four. Differentiated, on GPU and TPU,
+    and in a process with several CPU devices (`one_cpu_device`), the whole
+    batch runs at once, unchanged.
     """
     padding_mask = default_padding_mask(x, padding_mask)
     if (self.rows_on_cpu and deterministic and not kwargs
