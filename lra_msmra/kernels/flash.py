@@ -1,0 +1,574 @@
+"""Flash attention over a window of sequence keys and a set of extra keys.
+
+One fused Pallas kernel family (forward, and a backward pass through
+`jax.custom_vjp`) that computes, for every query i of one (batch, head),
+
+    out_i = sum_j softmax_j(s_ij) v_j,   s_ij = q_i . k_j,
+
+over one joint softmax whose keys are
+
+* the sequence keys j that the static `Window` lets query i see: all of
+  them ('full'), those of its segment widened by `left` / `right` keys
+  ('segment', segments of `size` queries), or those within `left` before
+  and `right` after it ('sliding'); optionally only j <= i (`causal`);
+* and extra keys m (landmarks, slice or span summaries), seen under the
+  static `Extra` rule: all of them ('all'), or only those of another group
+  ('other_group') or of an earlier group ('earlier_group') than the
+  query's, with groups of `key_group` extra keys and `query_group` queries;
+
+each only where its validity flag is set. A query with no valid key
+outputs zeros (`base.safe_softmax`'s rule). The queries come scaled.
+
+This one pattern is the hot path of several mechanisms: CST's local
+attention inside slices (segments, no extras) and its global attention
+over slice embeddings (full window), Transformer-LS's window plus
+dynamic-projection landmarks under one softmax (segments or a sliding
+window, extras for all queries or for later chunks), and Combiner-Fixed's
+own-block keys plus the summaries of the other blocks.
+
+Memory and work are those of FlashAttention (Dao et al. 2022): the scores
+exist one tile of `block` queries by `block` keys at a time, in registers or
+VMEM, with an online softmax; only the output and the per-row log-sum-exp
+are written. The backward pass recomputes the tiles from them: one kernel
+for dQ (looping over the keys each query tile sees) and one for dK / dV of
+the sequence keys and of the extra keys (looping over the query tiles that
+see each key tile). The loops visit only the key tiles inside the window,
+so a banded window costs O(N (w + extras)) instead of O(N^2).
+
+Platforms: the same kernel body is lowered with Triton on NVIDIA GPUs and
+with Mosaic on TPUs, and runs in Pallas' interpreter on the CPU (where it is
+tested against the plain XLA formula, `reference`). `lax.platform_dependent`
+picks the form when the program is lowered, so a program exported for
+`cuda` or `tpu` on a CPU-only machine holds the real kernel. Kernel code
+avoids what one of the lowerings lacks: integer division is `lax.div` on
+non-negative values (`//` lowers through `sign`, which Mosaic resolves
+against the local device), per-key flags come as rows `[1, N]` and
+per-query statistics as columns `[N, 1]`, iotas are 2-D.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# Score of a masked entry: finite, so that no tile computes inf - inf; the
+# weights of masked entries are set to zero explicitly, never through it.
+NEG = -1e30
+# Queries and keys per tile (tiles are smaller when the sequence is).
+DEFAULT_BLOCK = 64
+# Smallest tile: Triton's matrix product needs 16 rows and columns.
+MIN_BLOCK = 16
+WINDOW_KINDS = ('full', 'segment', 'sliding')
+EXTRA_KINDS = ('all', 'other_group', 'earlier_group')
+
+
+class Window(NamedTuple):
+  """Which sequence keys j query i sees (static; see the module docstring).
+
+  Attributes:
+    kind: 'full', 'segment' (queries in segments of `size`; segment g sees
+      keys [g size - left, (g + 1) size + right)) or 'sliding' (keys
+      [i - left, i + right]).
+    size: the segment length ('segment' only).
+    left: keys before the segment or the query.
+    right: keys after the segment or the query.
+    causal: also require j <= i.
+  """
+  kind: str = 'full'
+  size: int = 0
+  left: int = 0
+  right: int = 0
+  causal: bool = False
+
+  def check(self) -> None:
+    if self.kind not in WINDOW_KINDS:
+      raise ValueError(f'Window kind {self.kind!r}; valid: {WINDOW_KINDS}.')
+    if self.kind == 'segment' and self.size < 1:
+      raise ValueError(f'A segment window needs size >= 1, got {self.size}.')
+    if self.left < 0 or self.right < 0:
+      raise ValueError(f'Window left={self.left} and right={self.right} must '
+                       'be >= 0.')
+
+  def mask(self, i: Array, j: Array) -> Optional[Array]:
+    """Bool, broadcast of query positions `i` and key positions `j`."""
+    ok = None
+    if self.kind == 'segment':
+      start = lax.div(i, self.size) * self.size
+      ok = (j >= start - self.left) & (j < start + self.size + self.right)
+    elif self.kind == 'sliding':
+      ok = (j >= i - self.left) & (j <= i + self.right)
+    if self.causal:
+      ok = (j <= i) if ok is None else ok & (j <= i)
+    return ok
+
+  def key_range(self, i0: Array, i1: Array, n: int) -> tuple[Array, Array]:
+    """Keys [lo, hi) that queries i0..i1 may see, within [0, n)."""
+    lo, hi = jnp.int32(0), jnp.int32(n)
+    if self.kind == 'segment':
+      lo = lax.div(i0, self.size) * self.size - self.left
+      hi = (lax.div(i1, self.size) + 1) * self.size + self.right
+    elif self.kind == 'sliding':
+      lo, hi = i0 - self.left, i1 + self.right + 1
+    if self.causal:
+      hi = jnp.minimum(hi, i1 + 1)
+    return jnp.maximum(lo, 0), jnp.minimum(hi, n)
+
+  def query_range(self, j0: Array, j1: Array, n: int) -> tuple[Array, Array]:
+    """Queries [lo, hi) that may see one of the keys j0..j1, within [0, n)."""
+    lo, hi = jnp.int32(0), jnp.int32(n)
+    if self.kind == 'segment':
+      first = lax.div(jnp.maximum(j0 - self.right, 0), self.size)
+      last = lax.div(j1 + self.left, self.size)
+      lo, hi = first * self.size, (last + 1) * self.size
+    elif self.kind == 'sliding':
+      lo, hi = j0 - self.right, j1 + self.left + 1
+    if self.causal:
+      lo = jnp.maximum(lo, j0)
+    return jnp.maximum(lo, 0), jnp.minimum(hi, n)
+
+
+class Extra(NamedTuple):
+  """Which extra keys m query i sees (static; see the module docstring).
+
+  Attributes:
+    kind: 'all', 'other_group' (group of m differs from the query's) or
+      'earlier_group' (group of m is before the query's).
+    key_group: extra keys per group.
+    query_group: queries per group.
+  """
+  kind: str = 'all'
+  key_group: int = 1
+  query_group: int = 1
+
+  def check(self) -> None:
+    if self.kind not in EXTRA_KINDS:
+      raise ValueError(f'Extra kind {self.kind!r}; valid: {EXTRA_KINDS}.')
+    if self.key_group < 1 or self.query_group < 1:
+      raise ValueError('Extra key_group and query_group must be >= 1, got '
+                       f'{self.key_group} and {self.query_group}.')
+
+  def mask(self, i: Array, m: Array) -> Optional[Array]:
+    if self.kind == 'all':
+      return None
+    gi, gm = lax.div(i, self.query_group), lax.div(m, self.key_group)
+    return (gm != gi) if self.kind == 'other_group' else (gm < gi)
+
+  def key_range(self, i0: Array, i1: Array, n: int) -> tuple[Array, Array]:
+    del i0
+    if self.kind == 'earlier_group':
+      hi = lax.div(i1, self.query_group) * self.key_group
+      return jnp.int32(0), jnp.minimum(hi, n)
+    return jnp.int32(0), jnp.int32(n)
+
+  def query_range(self, j0: Array, j1: Array, n: int) -> tuple[Array, Array]:
+    del j1
+    if self.kind == 'earlier_group':
+      lo = (lax.div(j0, self.key_group) + 1) * self.query_group
+      return jnp.minimum(lo, n), jnp.int32(n)
+    return jnp.int32(0), jnp.int32(n)
+
+
+class _Static(NamedTuple):
+  """Everything static about one call."""
+  window: Optional[Window]
+  extra: Optional[Extra]
+  block: int
+
+
+# -- the kernel bodies -------------------------------------------------------
+
+
+def _dot(a: Array, b: Array, contract_a: int, contract_b: int) -> Array:
+  """float32 product of two tiles over one axis each."""
+  return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def _iota(shape: tuple[int, int], axis: int, start: Array) -> Array:
+  return start + lax.broadcasted_iota(jnp.int32, shape, axis)
+
+
+def _tile_mask(rule, valid_row: Array, i: Array, j: Array) -> Array:
+  """Validity of a [queries, keys] tile: the key's flag and the rule."""
+  ok = valid_row > 0
+  extra = rule.mask(i, j)
+  return ok if extra is None else ok & extra
+
+
+def _tiles(lo: Array, hi: Array, block: int) -> tuple[Array, Array]:
+  """Tile indices [first, last) covering [lo, hi) (empty if hi <= lo)."""
+  first = lax.div(lo, block)
+  last = jnp.maximum(lax.div(hi + block - 1, block), first)
+  return first, last
+
+
+def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
+  """One query tile: online softmax over its window and extra key tiles."""
+  refs = list(refs)
+  q_ref = refs.pop(0)
+  parts = []
+  if static.window is not None:
+    parts.append((static.window, nk, refs.pop(0), refs.pop(0), refs.pop(0)))
+  if static.extra is not None:
+    parts.append((static.extra, nm, refs.pop(0), refs.pop(0), refs.pop(0)))
+  o_ref, lse_ref = refs
+  t = static.block
+  i0 = pl.program_id(2) * t
+  q = q_ref[...]
+  i = _iota((t, t), 0, i0)
+  acc = jnp.zeros(q.shape, jnp.float32)
+  m = jnp.full((t, 1), NEG, jnp.float32)
+  l = jnp.zeros((t, 1), jnp.float32)
+  for rule, n, k_ref, v_ref, valid_ref in parts:
+    def body(tile, carry, rule=rule, k_ref=k_ref, v_ref=v_ref,
+             valid_ref=valid_ref):
+      acc, m, l = carry
+      j0 = pl.multiple_of(tile * t, t)
+      k = k_ref[pl.ds(j0, t), :]
+      v = v_ref[pl.ds(j0, t), :]
+      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i,
+                      _iota((t, t), 1, j0))
+      s = jnp.where(ok, _dot(q, k, 1, 1), NEG)
+      m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
+      p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
+      scale = jnp.exp(m - m_new)
+      l = l * scale + jnp.sum(p, axis=1, keepdims=True)
+      acc = acc * scale + _dot(p.astype(v.dtype), v, 1, 0)
+      return acc, m_new, l
+    first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
+    acc, m, l = lax.fori_loop(first, last, body, (acc, m, l))
+  seen = l > 0
+  total = jnp.where(seen, l, 1.0)
+  o_ref[...] = (acc / total).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(seen, m + jnp.log(total), 0.0)
+
+
+def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
+  """One query tile's dQ: recompute its weights from the log-sum-exp."""
+  refs = list(refs)
+  q_ref, do_ref, lse_ref, delta_ref = refs[:4]
+  refs = refs[4:]
+  parts = []
+  if static.window is not None:
+    parts.append((static.window, nk, refs.pop(0), refs.pop(0), refs.pop(0)))
+  if static.extra is not None:
+    parts.append((static.extra, nm, refs.pop(0), refs.pop(0), refs.pop(0)))
+  (dq_ref,) = refs
+  t = static.block
+  i0 = pl.program_id(2) * t
+  q, do = q_ref[...], do_ref[...]
+  lse, delta = lse_ref[...], delta_ref[...]
+  i = _iota((t, t), 0, i0)
+  dq = jnp.zeros(q.shape, jnp.float32)
+  for rule, n, k_ref, v_ref, valid_ref in parts:
+    def body(tile, dq, rule=rule, k_ref=k_ref, v_ref=v_ref,
+             valid_ref=valid_ref):
+      j0 = pl.multiple_of(tile * t, t)
+      k = k_ref[pl.ds(j0, t), :]
+      v = v_ref[pl.ds(j0, t), :]
+      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i,
+                      _iota((t, t), 1, j0))
+      p = jnp.where(ok, jnp.exp(_dot(q, k, 1, 1) - lse), 0.0)
+      ds = p * (_dot(do, v, 1, 1) - delta)
+      return dq + _dot(ds.astype(k.dtype), k, 1, 0)
+    first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
+    dq = lax.fori_loop(first, last, body, dq)
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+def _dkv_kernel(q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref,
+                dk_ref, dv_ref, *, rule, block: int, nq: int):
+  """One key tile's dK and dV, over the query tiles that see it."""
+  t = block
+  j0 = pl.program_id(2) * t
+  k, v = k_ref[...], v_ref[...]
+  valid = valid_ref[:, pl.ds(j0, t)]
+  j = _iota((t, t), 1, j0)
+
+  def body(tile, carry):
+    dk, dv = carry
+    r0 = pl.multiple_of(tile * t, t)
+    q = q_ref[pl.ds(r0, t), :]
+    do = do_ref[pl.ds(r0, t), :]
+    ok = _tile_mask(rule, valid, _iota((t, t), 0, r0), j)
+    p = jnp.where(ok, jnp.exp(_dot(q, k, 1, 1) - lse_ref[pl.ds(r0, t), :]),
+                  0.0)
+    dv = dv + _dot(p.astype(do.dtype), do, 0, 0)
+    ds = p * (_dot(do, v, 1, 1) - delta_ref[pl.ds(r0, t), :])
+    dk = dk + _dot(ds.astype(q.dtype), q, 0, 0)
+    return dk, dv
+
+  first, last = _tiles(*rule.query_range(j0, j0 + t - 1, nq), t)
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = lax.fori_loop(first, last, body, (zeros, zeros))
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# -- pallas_call plumbing ----------------------------------------------------
+
+
+def _on_every_platform(call):
+  """`call(compiler_params, interpret)` as one program for every backend."""
+  def run(*args):
+    return lax.platform_dependent(
+        *args,
+        cpu=lambda *a: call(None, True)(*a),
+        cuda=lambda *a: call(pltriton.CompilerParams(num_warps=4,
+                                                     num_stages=2),
+                             False)(*a),
+        rocm=lambda *a: call(pltriton.CompilerParams(num_warps=4,
+                                                     num_stages=2),
+                             False)(*a),
+        tpu=lambda *a: call(pltpu.CompilerParams(), False)(*a))
+  return run
+
+
+def _tile_spec(t: int, d: int):
+  """A tile of `t` rows of one (batch, head)."""
+  return pl.BlockSpec((None, None, t, d), lambda b, h, x: (b, h, x, 0))
+
+
+def _whole_spec(n: int, d: int):
+  """All `n` rows of one (batch, head)."""
+  return pl.BlockSpec((None, None, n, d), lambda b, h, x: (b, h, 0, 0))
+
+
+def _flags_spec(n: int):
+  """One batch row's flags `[1, n]` (arrays `[batch, 1, n]`)."""
+  return pl.BlockSpec((None, 1, n), lambda b, h, x: (b, 0, 0))
+
+
+def _key_args(static: _Static, window_args, extra_args):
+  """The (k, v, flags) operands and their specs, window first."""
+  args, specs = [], []
+  for part, group in ((static.window, window_args),
+                      (static.extra, extra_args)):
+    if part is None:
+      continue
+    k, v, flags = group
+    args += [k, v, flags]
+    specs += [_whole_spec(k.shape[2], k.shape[3]),
+              _whole_spec(v.shape[2], v.shape[3]),
+              _flags_spec(flags.shape[2])]
+  return args, specs
+
+
+def _sizes(q, window_args, extra_args):
+  nk = window_args[0].shape[2] if window_args is not None else 0
+  nm = extra_args[0].shape[2] if extra_args is not None else 0
+  return q.shape[2], nk, nm
+
+
+def _forward(static: _Static, q, window_args, extra_args):
+  batch, heads, nq, d = q.shape
+  _, nk, nm = _sizes(q, window_args, extra_args)
+  t = static.block
+  args, specs = _key_args(static, window_args, extra_args)
+  kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
+                             nm=nm)
+
+  def call(params, interpret):
+    return pl.pallas_call(
+        kernel, grid=(batch, heads, nq // t),
+        in_specs=[_tile_spec(t, d)] + specs,
+        out_specs=[_tile_spec(t, d), _tile_spec(t, 1)],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
+        compiler_params=params, interpret=interpret,
+        name='flash_window_forward')
+  return _on_every_platform(call)(q, *args)
+
+
+def _backward(static: _Static, q, window_args, extra_args, out, lse, d_out):
+  batch, heads, nq, d = q.shape
+  _, nk, nm = _sizes(q, window_args, extra_args)
+  t = static.block
+  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32),
+                  axis=-1, keepdims=True)
+  args, specs = _key_args(static, window_args, extra_args)
+  dq_kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
+                                nm=nm)
+
+  def dq_call(params, interpret):
+    return pl.pallas_call(
+        dq_kernel, grid=(batch, heads, nq // t),
+        in_specs=[_tile_spec(t, d), _tile_spec(t, d), _tile_spec(t, 1),
+                  _tile_spec(t, 1)] + specs,
+        out_specs=_tile_spec(t, d),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=params, interpret=interpret, name='flash_window_dq')
+  d_q = _on_every_platform(dq_call)(q, d_out, lse, delta, *args)
+
+  grads = []
+  for rule, group in ((static.window, window_args),
+                      (static.extra, extra_args)):
+    if rule is None:
+      grads.append(None)
+      continue
+    k, v, flags = group
+    n = k.shape[2]
+    kernel = functools.partial(_dkv_kernel, rule=rule, block=t, nq=nq)
+
+    def dkv_call(params, interpret, k=k, v=v, n=n, kernel=kernel):
+      return pl.pallas_call(
+          kernel, grid=(batch, heads, n // t),
+          in_specs=[_whole_spec(nq, d), _whole_spec(nq, d),
+                    _whole_spec(nq, 1), _whole_spec(nq, 1),
+                    _tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3]),
+                    _flags_spec(n)],
+          out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
+          out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                     jax.ShapeDtypeStruct(v.shape, v.dtype)],
+          compiler_params=params, interpret=interpret,
+          name='flash_window_dkv')
+    grads.append(tuple(_on_every_platform(dkv_call)(q, d_out, lse, delta, k,
+                                                    v, flags)))
+  return d_q, grads[0], grads[1]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(static: _Static, q, window_args, extra_args):
+  return _forward(static, q, window_args, extra_args)[0]
+
+
+def _flash_fwd(static, q, window_args, extra_args):
+  out, lse = _forward(static, q, window_args, extra_args)
+  return out, (q, window_args, extra_args, out, lse)
+
+
+def _flash_bwd(static, residuals, d_out):
+  q, window_args, extra_args, out, lse = residuals
+  d_q, d_window, d_extra = _backward(static, q, window_args, extra_args, out,
+                                     lse, d_out)
+  # The validity flags are integers: no cotangent.
+  if d_window is not None:
+    d_window = (*d_window, None)
+  if d_extra is not None:
+    d_extra = (*d_extra, None)
+  return d_q, d_window, d_extra
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+# -- the public function -----------------------------------------------------
+
+
+def tile_size(length: int, block: int = DEFAULT_BLOCK) -> int:
+  """The tile for a sequence of `length`: `block`, or the next power of two
+  of a shorter sequence (at least MIN_BLOCK)."""
+  size = MIN_BLOCK
+  while size < min(length, block):
+    size *= 2
+  return size
+
+
+def _pad(x: Array, axis: int, multiple: int, value=0) -> Array:
+  extra = (-x.shape[axis]) % multiple
+  if not extra:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, extra)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _flags(valid: Array, multiple: int) -> Array:
+  """bool `[batch, n]` -> int32 `[batch, 1, n padded]` (padding False)."""
+  return _pad(valid.astype(jnp.int32), 1, multiple)[:, None, :]
+
+
+def flash_attention(q: Array, k: Optional[Array] = None,
+                    v: Optional[Array] = None,
+                    key_valid: Optional[Array] = None, *,
+                    window: Optional[Window] = Window(),
+                    extra: Optional[tuple[Array, Array, Array]] = None,
+                    extra_rule: Extra = Extra(),
+                    block: int = DEFAULT_BLOCK) -> Array:
+  """Softmax attention over a key window and extra keys (module docstring).
+
+  Args:
+    q: scaled queries `[batch, heads, nq, d]`.
+    k: sequence keys `[batch, heads, nk, d]` (None with `window=None`).
+    v: sequence values `[batch, heads, nk, dv]`.
+    key_valid: bool `[batch, nk]`, True = the key may be attended.
+    window: which sequence keys each query sees; None: no sequence keys.
+    extra: None, or (keys `[batch, heads, m, d]`, values `[batch, heads, m,
+      dv]`, bool validity `[batch, m]`).
+    extra_rule: which extra keys each query sees.
+    block: queries and keys per tile (a power of two >= 16; shorter
+      sequences get smaller tiles).
+
+  Returns:
+    `[batch, heads, nq, dv]` in `q`'s dtype; zero for a query without a
+    valid key. Differentiable in q, k, v and the extra keys and values.
+  """
+  if window is None and extra is None:
+    raise ValueError('flash_attention needs a window, extra keys or both.')
+  longest = max([q.shape[2]] + ([k.shape[2]] if window is not None else [])
+                + ([extra[0].shape[2]] if extra is not None else []))
+  t = tile_size(longest, block)
+  if window is not None:
+    window.check()
+    if window.causal and k.shape[2] != q.shape[2]:
+      raise ValueError(f'A causal window needs as many keys as queries, got '
+                       f'{k.shape[2]} and {q.shape[2]}.')
+    window_args = (_pad(k, 2, t), _pad(v, 2, t), _flags(key_valid, t))
+  else:
+    window_args = None
+  if extra is not None:
+    extra_rule.check()
+    kx, vx, x_valid = extra
+    extra_args = (_pad(kx, 2, t), _pad(vx, 2, t), _flags(x_valid, t))
+  else:
+    extra_args = None
+  nq = q.shape[2]
+  out = _flash(_Static(window, extra_rule if extra is not None else None, t),
+               _pad(q, 2, t), window_args, extra_args)
+  return out[:, :, :nq]
+
+
+def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,
+              key_valid: Optional[Array] = None, *,
+              window: Optional[Window] = Window(),
+              extra: Optional[tuple[Array, Array, Array]] = None,
+              extra_rule: Extra = Extra()) -> Array:
+  """The same function in plain XLA (the whole score matrix in memory)."""
+  logits, valid, values = [], [], []
+  i = jnp.arange(q.shape[2])[:, None]
+  if extra is not None:
+    kx, vx, x_valid = extra
+    logits.append(jnp.einsum('bhqd,bhkd->bhqk', q, kx,
+                             preferred_element_type=jnp.float32))
+    rule = extra_rule.mask(i, jnp.arange(kx.shape[2])[None, :])
+    ok = x_valid[:, None, None, :]
+    valid.append(ok if rule is None else ok & rule)
+    values.append(vx)
+  if window is not None:
+    logits.append(jnp.einsum('bhqd,bhkd->bhqk', q, k,
+                             preferred_element_type=jnp.float32))
+    rule = window.mask(i, jnp.arange(k.shape[2])[None, :])
+    ok = key_valid[:, None, None, :]
+    valid.append(ok if rule is None else ok & rule)
+    values.append(v)
+  s = jnp.concatenate(logits, -1)
+  ok = jnp.concatenate([jnp.broadcast_to(m, l.shape)
+                        for m, l in zip(valid, logits)], -1)
+  s = jnp.where(ok, s, -jnp.inf)
+  top = jnp.max(s, -1, keepdims=True)
+  top = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
+  p = jnp.where(ok, jnp.exp(s - top), 0.0)
+  total = jnp.sum(p, -1, keepdims=True)
+  p = p / jnp.where(total > 0, total, 1.0)
+  vals = jnp.concatenate(values, 2)
+  return jnp.einsum('bhqk,bhkd->bhqd', p.astype(vals.dtype), vals,
+                    preferred_element_type=jnp.float32).astype(q.dtype)

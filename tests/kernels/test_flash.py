@@ -1,0 +1,166 @@
+"""The Pallas flash kernel over a key window and extra keys.
+
+On the CPU the kernel runs in Pallas' interpreter; it must equal the plain
+XLA formula (`flash.reference`) in its output and in the gradients of
+queries, keys, values and extra keys and values, for every window kind and
+extra rule, with padded keys, a query that sees no valid key and lengths
+that are not multiples of the tile. Its forward and backward programs must
+lower for `cuda` (Triton) and `tpu` (Mosaic) on this CPU-only machine.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_msmra.kernels import flash
+
+pytestmark = pytest.mark.xdist_group('kernels-flash')
+
+W, E = flash.Window, flash.Extra
+# (id, window, extra rule or None)
+CASES = [
+    ('full', W('full'), None),
+    ('full-causal', W('full', causal=True), None),
+    ('segment', W('segment', size=8), None),
+    ('segment-causal', W('segment', size=8, causal=True), None),
+    ('segment-wide+extra-all', W('segment', size=8, left=4, right=4),
+     E('all')),
+    ('sliding+extra-earlier', W('sliding', left=7),
+     E('earlier_group', key_group=2, query_group=16)),
+    ('segment-causal+extra-other', W('segment', size=16, causal=True),
+     E('other_group', key_group=1, query_group=16)),
+    ('extra-only', None, E('all')),
+]
+BATCH, HEADS, LENGTH, EXTRA, DIM = 2, 2, 77, 37, 8
+BLOCK = 16  # Several tiles of queries, keys and extra keys.
+
+
+def _inputs(dtype=jnp.float32):
+  ks = jax.random.split(jax.random.PRNGKey(0), 6)
+  q = 0.5 * jax.random.normal(ks[0], (BATCH, HEADS, LENGTH, DIM), dtype)
+  k, v = (jax.random.normal(s, (BATCH, HEADS, LENGTH, DIM), dtype)
+          for s in ks[1:3])
+  kx, vx = (jax.random.normal(s, (BATCH, HEADS, EXTRA, DIM), dtype)
+            for s in ks[3:5])
+  valid = np.ones((BATCH, LENGTH), bool)
+  valid[0, 3:7] = False                     # an inner run,
+  valid[1, LENGTH - LENGTH // 3:] = False   # trailing padding,
+  valid[1, :2] = False                      # and row 1's first queries see
+  x_valid = np.ones((BATCH, EXTRA), bool)   # no valid key in a causal window.
+  x_valid[1, -2:] = False
+  return q, k, v, jnp.asarray(valid), kx, vx, jnp.asarray(x_valid)
+
+
+def _functions(window, rule):
+  """(kernel, reference) as functions of (q, k, v, kx, vx)."""
+  q, k, v, valid, kx, vx, x_valid = _inputs()
+  del q, k, v, kx, vx
+
+  def make(fn, **extra_kw):
+    def f(q, k, v, kx, vx):
+      return fn(q, k if window else None, v if window else None,
+                valid if window else None, window=window,
+                extra=(kx, vx, x_valid) if rule else None,
+                extra_rule=rule or E(), **extra_kw)
+    return f
+  return make(flash.flash_attention, block=BLOCK), make(flash.reference)
+
+
+@pytest.mark.parametrize('cid,window,rule', CASES, ids=[c[0] for c in CASES])
+def test_kernel_equals_reference_with_gradients(cid, window, rule):
+  del cid
+  q, k, v, _, kx, vx, _ = _inputs()
+  kernel, ref = _functions(window, rule)
+  args = (q, k, v, kx, vx)
+  out = jax.jit(kernel)(*args)
+  expected = ref(*args)
+  np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+  assert out.shape == (BATCH, HEADS, LENGTH, DIM)
+  cot = jax.random.normal(jax.random.PRNGKey(1), out.shape)
+  argnums = tuple(i for i, used in enumerate(
+      (True, window is not None, window is not None, rule is not None,
+       rule is not None)) if used)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)
+  got = jax.jit(jax.grad(loss(kernel), argnums))(*args)
+  want = jax.grad(loss(ref), argnums)(*args)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+def test_a_query_without_valid_keys_outputs_zero():
+  q, k, v, valid, _, _, _ = _inputs()
+  out = flash.flash_attention(q, k, v, valid,
+                              window=W('segment', size=8, causal=True),
+                              block=BLOCK)
+  # Row 1's first two keys are padding: its first two queries see nothing.
+  assert float(jnp.abs(out[1, :, :2]).max()) == 0.0
+  assert float(jnp.abs(out[1, :, 2]).max()) > 0.0
+
+
+@pytest.mark.parametrize('window,rule', [CASES[4][1:], CASES[6][1:]],
+                         ids=['segment+extra', 'causal+extra-other'])
+def test_bfloat16_tracks_float32(window, rule):
+  kernel, ref = _functions(window, rule)
+  args32 = tuple(_inputs()[i] for i in (0, 1, 2, 4, 5))
+  args16 = tuple(a.astype(jnp.bfloat16) for a in args32)
+  out = jax.jit(kernel)(*args16)
+  assert out.dtype == jnp.bfloat16
+  expected = ref(*args32)
+  err = np.abs(np.asarray(out, np.float32) - np.asarray(expected))
+  assert err.max() < 0.05, err.max()
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(kernel(*a).astype(
+      jnp.float32)), (0, 1, 2, 3, 4)))(*args16)
+  want = jax.grad(lambda *a: jnp.sum(ref(*a)), (0, 1, 2, 3, 4))(*args32)
+  for g, w in zip(grads, want):
+    assert g.dtype == jnp.bfloat16
+    scale = float(jnp.abs(w).max())
+    assert float(jnp.abs(g.astype(jnp.float32) - w).max()) < 0.05 * scale
+
+
+def test_bad_arguments_are_named():
+  q, k, v, valid, _, _, _ = _inputs()
+  with pytest.raises(ValueError, match='Window kind'):
+    flash.flash_attention(q, k, v, valid, window=W('diagonal'))
+  with pytest.raises(ValueError, match='needs a window, extra keys'):
+    flash.flash_attention(q, window=None)
+  with pytest.raises(ValueError, match='as many keys as queries'):
+    flash.flash_attention(q, k[:, :, :10], v[:, :, :10], valid[:, :10],
+                          window=W('full', causal=True))
+
+
+def test_tile_sizes():
+  assert flash.tile_size(5) == 16
+  assert flash.tile_size(40) == 64
+  assert flash.tile_size(4096) == 64
+  assert flash.tile_size(4096, 128) == 128
+
+
+@pytest.mark.parametrize('platform', ['cuda', 'tpu'])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16],
+                         ids=['float32', 'bfloat16'])
+def test_forward_and_backward_lower(platform, dtype):
+  batch, heads, length, extra, dim = 2, 4, 1024, 32, 64
+  window = W('segment', size=8, left=4, right=4)
+
+  def grads(q, k, v, valid, kx, vx, x_valid):
+    def loss(q, k, v, kx, vx):
+      return jnp.sum(flash.flash_attention(
+          q, k, v, valid, window=window, extra=(kx, vx, x_valid)).astype(
+              jnp.float32))
+    return jax.grad(loss, (0, 1, 2, 3, 4))(q, k, v, kx, vx)
+
+  s = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+  args = (s(batch, heads, length, dim), s(batch, heads, length, dim),
+          s(batch, heads, length, dim),
+          jax.ShapeDtypeStruct((batch, length), bool),
+          s(batch, heads, extra, dim), s(batch, heads, extra, dim),
+          jax.ShapeDtypeStruct((batch, extra), bool))
+  exported = jax.export.export(
+      jax.jit(grads), platforms=(platform,),
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+          '__gpu$xla.gpu.triton')])(*args)
+  text = exported.mlir_module()
+  marker = '__gpu$xla.gpu.triton' if platform == 'cuda' else 'tpu_custom_call'
+  # Forward, dQ and two dK/dV kernels: every one is a real kernel call.
+  assert text.count(marker) >= 4, text.count(marker)
