@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Runs the GPU benchmark (`python -m lra_msmra.benchmark.device`) on a GPU
+# machine in one go, within a time budget, and leaves its JSON, markdown
+# report, plot and log in OUT_DIR. For a machine with no package index:
+# the pure-Python wheels the project needs beyond JAX/Flax (ml_collections,
+# tensorboardX) come from the git-ignored folder .wheels/ (launch/README.md
+# says how to fill it), installed into a private folder, not the system.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: launch/gpu_benchmark.sh [--dry_run] OUT_DIR [-- DEVICE_FLAGS...]
+
+Runs, from the repository root:
+  [pip install of .wheels/*.whl into $SITE, if ml_collections or
+   tensorboardX is missing]
+  XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=[$SITE:]$PWD \
+      timeout $((BUDGET_S + 60)) python3 -m lra_msmra.benchmark.device \
+      --out OUT_DIR --budget_s $BUDGET_S [DEVICE_FLAGS...] \
+      2>&1 | tee OUT_DIR/device.log
+
+OUT_DIR then holds device.json (every record, the environment, the device),
+device.md, device.png and device.log. Turn the JSON into the GPU section of
+docs/benchmarks.md with
+  python -m lra_msmra.benchmark.device_report --json OUT_DIR/device.json \
+      --docs docs/benchmarks.md --image docs/img/gpu_benchmark.png
+
+Environment:
+  BUDGET_S       seconds for the whole benchmark (default 440; it stops
+                 starting work in time to write its outputs)
+  WHEELS         folder of wheels to install (default: .wheels)
+  SITE           folder they are installed into (default:
+                 /tmp/lra_msmra_site)
+  INSTALL_WHEELS auto (default: only if an import fails), yes or no
+  PYTHON         interpreter (default: python3)
+
+Options:
+  --dry_run      print the commands instead of running them
+  -h, --help     this text
+EOF
+}
+
+dry_run=0
+out=''
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --dry_run) dry_run=1; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -*) echo "Unknown option '$1'; put flags for the benchmark after --." >&2
+        usage >&2; exit 2 ;;
+    *) [[ -z "$out" ]] || { echo "One OUT_DIR only ('$out', '$1')." >&2;
+                            exit 2; }
+       out="$1"; shift ;;
+  esac
+done
+
+# quote, join_quoted, fail.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+[[ -n "$out" ]] || { usage >&2; fail 'give OUT_DIR'; }
+cd "$(dirname "$0")/.."
+python="${PYTHON:-python3}"
+budget="${BUDGET_S:-440}"
+wheels="${WHEELS:-.wheels}"
+site="${SITE:-/tmp/lra_msmra_site}"
+[[ "$budget" =~ ^[0-9]+$ ]] || fail "BUDGET_S=$budget: give whole seconds"
+
+run() {
+  if [[ "$dry_run" == 1 ]]; then join_quoted "$@"; else "$@"; fi
+}
+
+install="${INSTALL_WHEELS:-auto}"
+case "$install" in
+  auto) if "$python" -c 'import ml_collections, tensorboardX' 2>/dev/null
+        then install=no; else install=yes; fi ;;
+  yes|no) ;;
+  *) fail "INSTALL_WHEELS=$install: auto, yes or no" ;;
+esac
+pythonpath="$(pwd)"
+if [[ "$install" == yes ]]; then
+  shopt -s nullglob
+  found=("$wheels"/*.whl)
+  shopt -u nullglob
+  [[ ${#found[@]} -gt 0 ]] || fail "no wheels in $wheels (launch/README.md)"
+  run "$python" -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target "$site" "${found[@]}"
+  pythonpath="$site:$pythonpath"
+fi
+
+run mkdir -p "$out"
+cmd=(env XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+     "PYTHONPATH=$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
+     timeout --kill-after=20 "$((budget + 60))"
+     "$python" -m lra_msmra.benchmark.device --out "$out"
+     --budget_s "$budget" ${extra[@]+"${extra[@]}"})
+if [[ "$dry_run" == 1 ]]; then
+  echo "$(join_quoted "${cmd[@]}") 2>&1 | $(join_quoted tee "$out/device.log")"
+else
+  "${cmd[@]}" 2>&1 | tee "$out/device.log"
+fi
