@@ -11,7 +11,8 @@ Examples::
 Running the same command again in the same workdir resumes the run.
 SIGTERM or Ctrl-C saves a checkpoint at the current step and exits (status
 143 or 130) with a resume hint; a second Ctrl-C stops at once, without
-saving. (With several processes only SIGTERM is coordinated; Ctrl-C stops
+saving. A closed stdout (`... | head`) does the same as SIGTERM (status 141,
+the hint on stderr). (With several processes only SIGTERM is coordinated; Ctrl-C stops
 the one process that gets it.) A workdir that another run is using is
 refused (`<workdir>/lock`).
 
@@ -118,11 +119,40 @@ def config_load_message(argv: Sequence[str], error: BaseException) -> str:
   return f'--config {path}: {text}'
 
 
+# What a --config.<key> override's value must be, by the type of the
+# config's value (the flag parser's type).
+_EXPECTED = {'int': 'an integer', 'float': 'a number', 'bool': 'true or false',
+             'str': 'a string'}
+
+
+def bad_value_message(argv: Sequence[str], error: BaseException
+                      ) -> Optional[str]:
+  """One line for a --config.<key>=<value> override whose value does not
+  parse as the type of the config's value; None for other errors."""
+  found = re.match(r'flag --config\.([\w.]+)=', str(error))
+  if not found:
+    return None
+  path = found.group(1)
+  flag = flags.FLAGS[f'config.{path}'] if f'config.{path}' in flags.FLAGS \
+      else None
+  expected = _EXPECTED.get(flag.flag_type()) if flag is not None else None
+  if expected is None:
+    return None
+  prefix = f'--config.{path}='
+  value = next((a[len(prefix):] for a in reversed(argv)
+                if a.startswith(prefix)), str(error).split('=', 1)[1])
+  return (f'{prefix}{value}: config.{path} must be {expected}, got '
+          f'{value!r} (the config has {flag.default!r}).')
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl's flag parsing, with every problem told in one line."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
+    message = bad_value_message(argv, e)
+    if message:
+      _fail(message)
     text = str(e)
     if 'Traceback (most recent call last)' in text:
       # A config file raised: keep the exception's line, not the frames.

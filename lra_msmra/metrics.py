@@ -1,4 +1,11 @@
-"""Metric writers and the progress lines, written from process 0 only."""
+"""Metric writers and the progress lines, written from process 0 only.
+
+A closed stdout (e.g. `main ... | head`) is not an error here: the first
+print that meets it marks stdout closed (`stdout_closed`), points the file
+descriptor at /dev/null so that nothing else fails on it, and sends the
+trainer's later messages (`log`) to stderr; the trainer then saves and
+stops as on SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +20,39 @@ import jax
 
 METRICS_FILE = 'metrics.jsonl'
 
+# Before the first regular progress line of a process (every
+# log_every_steps), lines also come after its steps 1, 10, 100, ... and at
+# least this often (seconds): a slow step is not hours of silence.
+EARLY_LINE_SECONDS = 30.0
+
+_stdout_closed = False
+
 
 def is_chief() -> bool:
   return jax.process_index() == 0
+
+
+def stdout_closed() -> bool:
+  """Whether a print to stdout found it closed (a broken pipe)."""
+  return _stdout_closed
+
+
+def _emit(text: str, stream: Any) -> None:
+  """Prints a line; a broken stdout marks it closed instead of raising."""
+  global _stdout_closed
+  if stream is sys.stdout and _stdout_closed:
+    return
+  try:
+    print(text, file=stream, flush=True)
+  except BrokenPipeError:
+    if stream is not sys.stdout:
+      raise
+    _stdout_closed = True
+    # What is left in the buffer, and Python's own flush at exit, go to
+    # /dev/null instead of failing again.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def keep_steps_up_to(path: str, step: int) -> int:
@@ -102,7 +139,7 @@ class Writer:
 
 
 class Progress:
-  """Prints `step, loss, accuracy, steps/s, ETA` lines.
+  """Prints `step, loss, accuracy, steps/s, model TFLOP/s, ETA` lines.
 
   Steps per second are steady-state figures: the first step of a process
   (which waits for the compilation of the training step) and the time spent
@@ -110,18 +147,36 @@ class Progress:
   steady-state rate since compilation, plus the remaining evaluations at
   their measured speed (`eval_seconds_left` of `update`); until an
   evaluation has been timed the ETA covers training only and says `+ eval`.
+
+  With `flops_per_step` (the model's matmul FLOPs of one training step over
+  all devices), lines also give model TFLOP/s per device, and with
+  `peak_flops_per_s` (one device's peak, `lra_msmra.hardware`) the model
+  FLOPs utilisation (MFU).
+
+  `update` prints the regular lines (every log_every_steps); `early_due` and
+  `note` add lines before the first of them, which leave the rate of the
+  next regular line unchanged.
   """
 
   def __init__(self, total_steps: int, start_step: int,
-               stream: Optional[Any] = None):
+               stream: Optional[Any] = None,
+               flops_per_step: Optional[float] = None,
+               num_devices: int = 1,
+               peak_flops_per_s: Optional[float] = None):
     self.total = total_steps
     self.stream = stream or sys.stdout
+    self.flops_per_step = flops_per_step
+    self.num_devices = num_devices
+    self.peak_flops_per_s = peak_flops_per_s
+    self._start = start_step
     self._steady_t0: Optional[float] = None  # When the first step finished.
     self._steady_s0 = start_step
     self._excluded = 0.0  # Seconds excluded since then.
     self._last_t: Optional[float] = None
     self._last_s = start_step
     self._last_excluded = 0.0
+    self._regular = False  # Whether `update` printed a line yet.
+    self._printed_t = time.time()
 
   def compiled(self, step: int) -> None:
     """Call once the first step of this process is done (`step` = its
@@ -150,6 +205,17 @@ class Progress:
     steps, seconds = self.steady(step)
     return steps / seconds if steps else None
 
+  def throughput(self, rate: Optional[float]) -> dict[str, float]:
+    """Model TFLOP/s per device at `rate` steps/s, and the MFU where the
+    device's peak is known ({} without a rate or a FLOP count)."""
+    if rate is None or not self.flops_per_step:
+      return {}
+    flops = rate * self.flops_per_step / self.num_devices
+    out = {'tflops_per_device': flops / 1e12}
+    if self.peak_flops_per_s:
+      out['mfu'] = flops / self.peak_flops_per_s
+    return out
+
   def update(self, step: int, scalars: Mapping[str, float],
              eval_seconds_left: Optional[float] = None) -> Optional[float]:
     """Prints a line for `step` (updates done); returns the steps/s since
@@ -161,12 +227,44 @@ class Progress:
       rate = (step - self._last_s) / max(elapsed, 1e-9)
       self._last_t, self._last_s = now, step
       self._last_excluded = self._excluded
+    self._regular = True
+    self._print(step, scalars, rate, eval_seconds_left)
+    return rate
+
+  def early_due(self, step: int) -> bool:
+    """Whether to print an early line after `step`: before the first
+    regular line, after the process's steps 1, 10, 100, ... and once
+    EARLY_LINE_SECONDS have passed since the last line."""
+    if self._regular:
+      return False
+    done = step - self._start
+    if done >= 1 and str(done).strip('0') == '1':
+      return True
+    return time.time() - self._printed_t >= EARLY_LINE_SECONDS
+
+  def note(self, step: int, scalars: Optional[Mapping[str, float]],
+           eval_seconds_left: Optional[float] = None) -> None:
+    """Prints an early line: the steady-state steps/s so far, and the
+    metrics averaged over the steps since the last record."""
+    self._print(step, scalars or {}, self.steps_per_sec(step),
+                eval_seconds_left)
+
+  def _print(self, step: int, scalars: Mapping[str, float],
+             rate: Optional[float], eval_seconds_left: Optional[float]
+             ) -> None:
+    self._printed_t = time.time()
     steady = self.steps_per_sec(step)
     parts = [f'step {step}/{self.total}']
     for k in ('loss', 'accuracy'):
       if k in scalars:
         parts.append(f'{k} {scalars[k]:.4f}')
     parts.append(f'{rate:.2f} steps/s' if rate is not None else '? steps/s')
+    speed = self.throughput(rate)
+    if speed:
+      text = f'{format_tflops(speed["tflops_per_device"])} TFLOP/s/device'
+      if 'mfu' in speed:
+        text += f', MFU {100 * speed["mfu"]:.1f}%'
+      parts.append(text)
     left = max(self.total - step, 0)
     if left and steady is None:
       eta = 'ETA ?'
@@ -177,8 +275,7 @@ class Progress:
         eta += ' + eval'
     parts.append(eta)
     if is_chief():
-      print(' | '.join(parts), file=self.stream, flush=True)
-    return rate
+      _emit(' | '.join(parts), self.stream)
 
 
 # Evaluations print their progress at most this often (seconds).
@@ -219,6 +316,15 @@ class EvalProgress:
         f'{format_seconds(elapsed)} elapsed, ~{format_seconds(left)} left')
 
 
+def format_tflops(value: float) -> str:
+  """Three significant digits, without an exponent (0.0000355, 0.412, 41.2,
+  412)."""
+  if value <= 0 or not math.isfinite(value):
+    return f'{value:g}'
+  digits = max(0, 2 - math.floor(math.log10(value)))
+  return f'{value:.{digits}f}'
+
+
 def format_seconds(seconds: Optional[float]) -> str:
   if seconds is None or not math.isfinite(seconds):
     return '?'
@@ -229,6 +335,6 @@ def format_seconds(seconds: Optional[float]) -> str:
 
 
 def log(msg: str) -> None:
-  """Prints a message from process 0."""
+  """Prints a message from process 0 (on stderr once stdout is closed)."""
   if is_chief():
-    print(msg, flush=True)
+    _emit(msg, sys.stderr if _stdout_closed else sys.stdout)

@@ -24,21 +24,33 @@ Loop semantics (compare docs/protocol.md §4.3):
   later checkpoint is written, so the last good checkpoint stays.
 * SIGTERM (preemption) saves a checkpoint at the current step and exits;
   with several processes, at the first step all of them agree on. In a
-  single-process run Ctrl-C (SIGINT) does the same; a second Ctrl-C stops at
-  once without saving.
+  single-process run Ctrl-C (SIGINT) and a closed stdout (SIGPIPE, e.g.
+  `| head`) do the same; a second Ctrl-C stops at once without saving.
 * One run per workdir: process 0 holds `<workdir>/lock` while the run lasts
-  (`lra_msmra.workdir_lock`).
+  (`lra_msmra.workdir_lock`). A run that fails before it trains (missing
+  or bad data, a refused resume) removes the workdir if it created it.
 * Progress: the compilation of the training step is reported as its own
   phase; steps/s and the ETA leave out the first step of a process (it
   waits for that compilation) and the evaluations, which the ETA adds back
-  at their measured speed; long evaluations report batches done.
+  at their measured speed; long evaluations report batches done. Before
+  the first line of `log_every_steps`, lines also come after the process's
+  steps 1, 10, 100, ... and every `metrics.EARLY_LINE_SECONDS`.
+* Throughput: the model's matmul FLOPs per training step are counted once
+  from its jaxpr (`train_step_flops`); progress lines, metrics.jsonl and
+  results.json give model TFLOP/s per device, and the model FLOPs
+  utilisation (MFU) where `lra_msmra.hardware` knows the device's peak.
+* metrics.jsonl has one training record per `log_every_steps`, averaging
+  the steps since the previous one; checkpoints carry the steps of the
+  record in progress, so a resumed run writes the same records.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -56,6 +68,7 @@ from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
 from lra_msmra import errors
 from lra_msmra import fingerprint as fingerprint_lib
+from lra_msmra import hardware
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import models
 from lra_msmra import provenance as provenance_lib
@@ -63,6 +76,7 @@ from lra_msmra import sharding
 from lra_msmra import steps as steps_lib
 from lra_msmra import validation
 from lra_msmra import workdir_lock
+from lra_msmra.benchmark import flops as flops_lib
 from lra_msmra.data import pipeline
 
 # Config keys that may change when a run is resumed in the same workdir.
@@ -87,6 +101,59 @@ class Preempted(Exception):
 def model_spec(data: pipeline.TaskData) -> dict[str, Any]:
   return {'vocab_size': data.vocab_size, 'num_classes': data.num_classes,
           'max_len': data.max_len, 'dual': data.dual}
+
+
+def flops_config(config: ml_collections.ConfigDict
+                 ) -> tuple[ml_collections.ConfigDict, Optional[str]]:
+  """The config whose training step's FLOPs are counted, and the kernel it
+  replaces (None if none).
+
+  An attention kernel other than 'xla' (`model.attention_kw.kernel`, e.g. a
+  Pallas call or cuDNN's fused attention) hides its matmuls from a count
+  over the jaxpr, so the same model is counted with the 'xla' kernel, which
+  computes the same function with plain matmuls.
+  """
+  kw = config.model.attention_kw
+  kernel = kw.get('kernel', 'xla') if 'kernel' in kw else 'xla'
+  if kernel == 'xla':
+    return config, None
+  counted = copy.deepcopy(config)
+  with counted.unlocked():
+    counted.model.attention_kw.kernel = 'xla'
+  return counted, kernel
+
+
+def train_step_flops(config: ml_collections.ConfigDict,
+                     spec: Mapping[str, Any], jit_train_step: Any,
+                     abstract_state: Any, mesh: jax.sharding.Mesh
+                     ) -> dict[str, Any]:
+  """Model FLOPs of one training step over all devices, counted once.
+
+  The analytic matmul FLOPs (`lra_msmra.benchmark.flops`) of the step's
+  jaxpr at the global batch: forward, backward (recomputation under
+  `jax.checkpoint` included) and the optimizer's update, which has no
+  matmul. Traced from shapes only; nothing runs.
+
+  Returns:
+    {'flops': int, 'notes': [str], 'counted_with_kernel': 'xla' or None (None
+    when the configured kernel was counted itself)}.
+  """
+  batch = steps_lib.abstract_batch(spec, config.batch_size, mesh)
+  counted, replaced = flops_config(config)
+  if replaced is None:
+    fn = jit_train_step
+  else:
+    model, tx, schedule = steps_lib.build(counted, spec)
+    fn = functools.partial(steps_lib.train_step, model=model, tx=tx,
+                           schedule=schedule,
+                           grad_accum_steps=config.grad_accum_steps)
+  result = flops_lib.matmul_flops(fn, abstract_state, batch)
+  notes = list(result['notes'])
+  if replaced is not None:
+    notes.append(f"counted with kernel 'xla': kernel {replaced!r} hides its "
+                 'matmuls from the count')
+  return {'flops': int(result['flops']), 'notes': notes,
+          'counted_with_kernel': 'xla' if replaced is not None else None}
 
 
 def num_eval_batches(source: pipeline.Source, batch_size: int,
@@ -153,26 +220,40 @@ def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
   if not os.path.exists(path):
     return
   with open(path) as f:
-    old = json.load(f)
-  new = json.loads(config.to_json())
+    old = fingerprint_lib.flatten(json.load(f))
+  new = fingerprint_lib.flatten(json.loads(config.to_json()))
   diff = fingerprint_lib.differing_keys(old, new)
   blocking = [k for k in diff if k not in RESUMABLE_CHANGES]
   if blocking:
-    changes = '; '.join(f'{k}: {_short(old.get(k))} there, '
-                        f'{_short(new.get(k))} now' for k in blocking)
     hint = (' A moved data folder: make it readable at the recorded path '
             '(e.g. a symbolic link) to resume.'
             if any(k.endswith('data_dir') for k in blocking) else '')
     raise ValueError(
-        f'{workdir} holds a run with a different config (keys {blocking} '
-        f'differ: {changes}). Resume it with the same config, or use a new '
-        f'--workdir.{hint}')
+        f'{workdir} holds a run with a different config (recorded → now: '
+        f'{describe_changes(old, new, blocking)}). Resume it with the same '
+        f'config, or use a new --workdir.{hint}')
   if diff:
-    metrics_lib.log(f'Resuming with changed {diff}.')
+    metrics_lib.log(f'Resuming with changed {describe_changes(old, new, diff)}.')
+
+
+_ABSENT = object()
+
+
+def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any],
+                     keys: list[str]) -> str:
+  """`key: old → new` for each of `keys` (dotted leaf keys), joined by '; '."""
+  return '; '.join(f'{k}: {_short(old.get(k, _ABSENT))} → '
+                   f'{_short(new.get(k, _ABSENT))}' for k in keys)
 
 
 def _short(value: Any, limit: int = 80) -> str:
-  text = json.dumps(value)
+  if value is _ABSENT:
+    return '(absent)'
+  if isinstance(value, str) and value and not any(
+      c.isspace() or c in '→;"' for c in value):
+    text = value
+  else:
+    text = json.dumps(value)
   return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
@@ -181,7 +262,10 @@ class _SigtermFlag:
 
   One process: a Python handler sets a flag instead of dying at once (main
   thread only); Ctrl-C (SIGINT) is handled the same way, and a second Ctrl-C
-  stops at once (KeyboardInterrupt, no checkpoint of the current step).
+  stops at once (KeyboardInterrupt, no checkpoint of the current step). A
+  closed stdout (`main ... | head`: SIGPIPE, which Python turns into a
+  broken pipe error; see `metrics.stdout_closed`) stops the run the same
+  way, with `signum` SIGPIPE.
   Several processes: the hosts may get SIGTERM at different steps, and one
   that stops alone would leave the others waiting in the next collective.
   JAX's preemption service (started by `jax.distributed`) catches SIGTERM
@@ -217,12 +301,19 @@ class _SigtermFlag:
 
   @property
   def name(self) -> str:
-    return 'SIGINT (Ctrl-C)' if self.signum == signal.SIGINT else 'SIGTERM'
+    return {signal.SIGINT: 'SIGINT (Ctrl-C)',
+            signal.SIGPIPE: 'SIGPIPE (stdout closed)'}.get(self.signum,
+                                                           'SIGTERM')
 
   def should_stop(self, step: int) -> bool:
     """Whether to checkpoint and exit after `step`; call it at every step."""
     if self._multiprocess:
+      # Only process 0 prints, and only SIGTERM is agreed on: a closed
+      # stdout there just drops its lines.
       self.raised = multihost_utils.reached_preemption_sync_point(step)
+    elif not self.raised and metrics_lib.stdout_closed():
+      self.raised = True
+      self.signum = signal.SIGPIPE
     return self.raised
 
   def __exit__(self, *exc):
@@ -230,20 +321,34 @@ class _SigtermFlag:
       signal.signal(signum, signal.SIG_DFL if previous is None else previous)
 
 
-class _PendingMetrics:
-  """Per-step metrics kept on device until the next flush."""
+class _MetricsWindow:
+  """The per-step training metrics behind the next metrics.jsonl record.
 
-  def __init__(self):
+  Steps are kept on device until `check` fetches them (at log, evaluation
+  and checkpoint steps, and for early progress lines), checks them for
+  non-finite values and keeps them on the host until `take` averages and
+  clears them for a record. The host part goes into every checkpoint
+  (`state`), so a run resumed between two records writes the record the
+  uninterrupted run would have written: same steps, same values.
+  """
+
+  def __init__(self, saved: Optional[Mapping[str, Any]] = None):
     self.items: list[tuple[int, dict[str, jax.Array]]] = []
+    self.host: list[tuple[int, dict[str, np.ndarray]]] = []
+    if saved:
+      dtypes = saved['dtypes']
+      for step, values in zip(saved['steps'], saved['values']):
+        self.host.append((step, {k: np.asarray(v, dtypes[k])
+                                 for k, v in values.items()}))
 
   def add(self, step: int, m: dict[str, jax.Array]) -> None:
     self.items.append((step, m))
 
-  def flush(self, last_good: Optional[int], ckpt_dir: str
-            ) -> Optional[dict[str, float]]:
-    """Averages pending metrics; raises FloatingPointError on non-finite."""
+  def check(self, last_good: Optional[int], ckpt_dir: str) -> None:
+    """Fetches the steps kept on device; raises FloatingPointError on a
+    non-finite loss or gradient norm."""
     if not self.items:
-      return None
+      return
     steps = [s for s, _ in self.items]
     values = jax.device_get([m for _, m in self.items])
     self.items = []
@@ -256,6 +361,13 @@ class _PendingMetrics:
             f'Non-finite loss or gradient at step {s + 1}; {where}. Lower '
             'the learning rate, set config.optimizer.grad_clip_norm, or use '
             "config.model.dtype='float32'."))
+    self.host.extend(zip(steps, values))
+
+  def summary(self) -> Optional[dict[str, float]]:
+    """Averages of the checked steps (None if there are none)."""
+    if not self.host:
+      return None
+    values = [m for _, m in self.host]
     count = sum(float(m['count']) for m in values)
     out = {'loss': sum(float(m['loss_sum']) for m in values) / count,
            'accuracy': sum(float(m['correct']) for m in values) / count}
@@ -263,6 +375,20 @@ class _PendingMetrics:
       if k not in ('loss_sum', 'correct', 'count'):
         out[k] = float(np.mean([m[k] for m in values]))
     return out
+
+  def take(self) -> Optional[dict[str, float]]:
+    """`summary()`, then an empty window."""
+    out = self.summary()
+    self.host = []
+    return out
+
+  def state(self) -> dict[str, Any]:
+    """The checked steps as JSON (exact: values keep their dtypes)."""
+    values = [m for _, m in self.host]
+    return {'steps': [int(s) for s, _ in self.host],
+            'values': [{k: float(v) for k, v in m.items()} for m in values],
+            'dtypes': ({k: np.asarray(v).dtype.name
+                        for k, v in values[-1].items()} if values else {})}
 
 
 def _previous_result(workdir: str, key: str) -> Any:
@@ -306,6 +432,24 @@ def learning_warnings(results: Mapping[str, Any]) -> list[str]:
         f'predicting label {results.get("test_majority_label")}): the model '
         'learned nothing beyond the label frequencies. Check the learning '
         'rate, the number of steps and the data.')
+  return out
+
+
+def _throughput(results: Mapping[str, Any], progress: metrics_lib.Progress,
+                peak: Optional[hardware.Peak],
+                devices: list[Mapping[str, Any]]) -> dict[str, Any]:
+  """results.json's model TFLOP/s per device at the steady-state steps/s,
+  and its MFU where the device's peak is known and one kind of device
+  trained every step."""
+  speed = progress.throughput(results['train_steps_per_sec'])
+  out = {}
+  if 'tflops_per_device' in speed:
+    out['train_tflops_per_device'] = speed['tflops_per_device']
+  kinds = {(d.get('device_kind'), d.get('num_devices')) for d in devices}
+  if 'mfu' in speed and len(kinds) <= 1:
+    out['train_mfu'] = speed['mfu']
+    out['peak_flops_per_device'] = {'flops_per_s': peak.flops_per_s,
+                                    'source': peak.source}
   return out
 
 
@@ -365,13 +509,47 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     data_lib.data_source(config)
   cpu_rng.use_unrolled_threefry()  # Same dropout masks, drawn faster on CPU.
   workdir = os.path.abspath(workdir)
+  created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
   lock = _lock_workdir(workdir)
+  cleared = False
   try:
     return _train_and_evaluate(config, workdir, launch, start_time, spec,
                                abstract)
+  except BaseException:
+    # A run that fails before it starts (missing or bad data, a refused
+    # resume, Ctrl-C while data is generated) leaves no workdir it created.
+    cleared = created and _clear_unstarted_workdir(workdir, lock)
+    raise
   finally:
     lock.release()
+    if cleared:
+      try:
+        os.rmdir(workdir)
+      except OSError:  # Something else appeared there meanwhile.
+        pass
+
+
+def _clear_unstarted_workdir(workdir: str,
+                             lock: workdir_lock.WorkdirLock) -> bool:
+  """Deletes what a run wrote in `workdir` if it never started training
+  (no config.json), except the lock it still holds; returns whether it did.
+  Process 0 only."""
+  if (not metrics_lib.is_chief() or
+      os.path.exists(os.path.join(workdir, checkpoint_lib.CONFIG_FILE))):
+    return False
+  try:
+    for name in os.listdir(workdir):
+      path = os.path.join(workdir, name)
+      if path == lock.path:
+        continue
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.remove(path)
+  except OSError:
+    return False
+  return True
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -429,9 +607,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # Which devices trained which steps: one entry per process that trained,
   # so a run resumed on other hardware says so (`provenance.device_history`).
   earlier_devices: list[dict[str, Any]] = []
+  # The training metrics since the last metrics.jsonl record, as saved.
+  saved_window = None
   if restored is not None:
     start, state, meta = restored
     best = meta['best']
+    saved_window = meta.get('metrics_window')
     earlier_seconds = float(meta.get('train_seconds', 0.0))
     earlier_steady = tuple(meta.get('steady', (0, 0.0)))
     earlier_devices = list(meta.get('devices', []))
@@ -453,6 +634,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   jit_train_step, jit_eval_step = steps_lib.jit_steps(
       config, model, tx, schedule, mesh, state_sharding)
+  step_flops = train_step_flops(config, spec, jit_train_step, abstract, mesh)
+  peak = hardware.peak(mesh.devices.flat[0].device_kind, config.model.dtype)
   eval_compiled = False
 
   def run_eval(params, source, num_steps, label):
@@ -483,9 +666,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       jax.process_count())
   writer = metrics_lib.Writer(os.path.join(workdir, 'tensorboard'),
                               resume_step=start)
-  progress = metrics_lib.Progress(config.num_train_steps, start)
+  progress = metrics_lib.Progress(
+      config.num_train_steps, start, flops_per_step=step_flops['flops'],
+      num_devices=int(mesh.devices.size),
+      peak_flops_per_s=peak.flops_per_s if peak else None)
   loop_start = time.time()
-  pending = _PendingMetrics()
+  window = _MetricsWindow(saved_window)
+  if (restored is not None and saved_window is None and
+      start % config.log_every_steps):
+    # A checkpoint written before the window was saved with it.
+    window_partial_from = start
+  else:
+    window_partial_from = None
   last_saved = start if restored is not None else None
   ckpt_dir = str(ckpt.latest.directory)
   last_val = None
@@ -506,6 +698,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     meta = {'step': step, 'best': best,
             'train_seconds': earlier_seconds + time.time() - loop_start,
             'steady': saved_steady, 'devices': saved_devices,
+            'metrics_window': window.state(),
             'data_position': {'next_train_batch': step, 'seed': config.seed,
                               'examples_consumed': step * config.batch_size}}
     # The metrics of `step` reach the disk before its checkpoint does.
@@ -529,23 +722,34 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           metrics_lib.log(f'Compiled the training step in '
                           f'{compile_seconds:.1f} s; training.')
           progress.compiled(step)
-        pending.add(k, m)
+        window.add(k, m)
         # At most two steps in flight: enough to keep the device busy, and a
         # SIGTERM (preemption) is answered within a step or two instead of
         # after every queued step.
-        if len(pending.items) > 1:
-          jax.block_until_ready(pending.items[-2][1])
+        if len(window.items) > 1:
+          jax.block_until_ready(window.items[-2][1])
         is_last = step == config.num_train_steps
         stop = sigterm.should_stop(step)
         do_eval = step % config.eval_every_steps == 0 or is_last
         do_ckpt = step % config.checkpoint_every_steps == 0 or is_last
-        if step % config.log_every_steps == 0 or do_eval or do_ckpt or stop:
-          summary = pending.flush(last_saved, ckpt_dir)
-          if step % config.log_every_steps == 0 or is_last:
+        do_log = step % config.log_every_steps == 0 or is_last
+        if do_log or do_eval or do_ckpt or stop:
+          window.check(last_saved, ckpt_dir)
+          if do_log:
+            steps_averaged = len(window.host)
+            summary = window.take()
             rate = progress.update(step, summary, eval_seconds_left(step))
             if rate is not None:
               summary['steps_per_sec'] = rate
+              summary.update(progress.throughput(rate))
+            if window_partial_from is not None:
+              # Steps before the resumed checkpoint are missing from it.
+              summary['partial_window_steps'] = steps_averaged
+              window_partial_from = None
             writer.write(step, {f'train/{n}': v for n, v in summary.items()})
+        if not do_log and progress.early_due(step):
+          window.check(last_saved, ckpt_dir)
+          progress.note(step, window.summary(), eval_seconds_left(step))
         if do_eval:
           last_val = run_eval(state.params, data.eval, config.num_eval_steps,
                               f'validation at step {step}')
@@ -626,6 +830,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           steady_steps / steady_seconds if steady_steps else
           _previous_result(workdir, 'train_steps_per_sec')),
       'num_devices': int(mesh.devices.size),
+      # Model FLOPs of one training step (all devices; `train_step_flops`).
+      'train_flops_per_step': step_flops['flops'],
+      'train_flops_notes': step_flops['notes'],
       'data_notes': data.notes or {},
       'data_source': data_record,
       'setting_fingerprint': fingerprint_lib.fingerprint(run_setting),
@@ -636,6 +843,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       'wall_seconds': time.time() - start_time,
       'config': config_dict,
   }
+  results.update(_throughput(results, progress, peak, saved_devices))
   results['warnings'] = learning_warnings(results)
   checkpoint_lib.write_json(os.path.join(workdir, 'results.json'), results)
   metrics_lib.log(

@@ -76,3 +76,63 @@ def test_locked_workdir_is_one_line_without_traceback(tmp_path):
   [line] = proc.stderr.splitlines()
   assert line.startswith(f'error: Another run is using {tmp_path}: process '
                          f'{os.getppid()} on host {socket.gethostname()}')
+
+
+def _command(workdir, *overrides, config='tests/configs/tiny_listops.py'):
+  return [sys.executable, '-m', 'lra_msmra.main', '--config', config,
+          '--workdir', str(workdir), *overrides]
+
+
+def _env():
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = helpers.xla_flags(1)
+  env['TF_CPP_MIN_LOG_LEVEL'] = '3'
+  return env
+
+
+@pytest.mark.parametrize('override,expected', [
+    ('--config.batch_size=abc', "--config.batch_size=abc: config.batch_size "
+     "must be an integer, got 'abc' (the config has 8)."),
+    ('--config.model.dropout_rate=high', '--config.model.dropout_rate=high: '
+     "config.model.dropout_rate must be a number, got 'high'"),
+    ('--config.model.causal=maybe', '--config.model.causal=maybe: '
+     "config.model.causal must be true or false, got 'maybe'"),
+])
+def test_a_value_of_the_wrong_type_names_the_key_and_the_value(
+    tmp_path, override, expected):
+  workdir = tmp_path / 'run'
+  proc = subprocess.run(_command(workdir, override), cwd=helpers.ROOT,
+                        env=_env(), capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 1
+  [line] = proc.stderr.splitlines()
+  assert line.startswith(f'error: {expected}'), line
+  assert not workdir.exists()
+
+
+def test_a_closed_stdout_saves_and_stops_like_sigterm(tmp_path):
+  """`main ... | head`: the pipe closes while the run trains."""
+  proc = subprocess.Popen(
+      _command(tmp_path, '--config.num_train_steps=1000',
+               '--config.log_every_steps=1', '--config.eval_every_steps=1000',
+               '--config.checkpoint_every_steps=1000'),
+      cwd=helpers.ROOT, env=_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  try:
+    for line in proc.stdout:
+      if line.startswith('Compiled the training step'):
+        break
+    proc.stdout.close()  # As `head` exits after its lines.
+    err = proc.stderr.read()
+    proc.wait(timeout=240)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGPIPE, err[-3000:]
+  [saved] = os.listdir(tmp_path / 'checkpoints')
+  assert 0 < int(saved) < 1000
+  assert (f'SIGPIPE (stdout closed): saved step {saved} in '
+          f'{tmp_path}/checkpoints; rerun the same command to resume.') in err
+  assert 'Traceback' not in err and 'BrokenPipeError' not in err, err
+  assert not os.path.exists(tmp_path / 'results.json')
+  assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)

@@ -91,3 +91,59 @@ def test_resumed_writer_keeps_each_step_once(tmp_path):
   assert [r['step'] for r in records] == [1, 2, 3, 4]
   assert records[1] == {'step': 2, 'train/loss': 2.0, 'val/accuracy': 0.5}
   assert records[3] == {'step': 4, 'train/loss': 14.0}
+
+
+def test_early_lines_come_before_the_first_regular_one(clock):
+  out = io.StringIO()
+  progress = metrics.Progress(total_steps=100, start_step=0, stream=out)
+  clock.now += 60.0  # Compiling and step 1.
+  progress.compiled(1)
+  assert progress.early_due(1)
+  progress.note(1, {'loss': 2.5})
+  assert out.getvalue().splitlines()[-1] == (
+      'step 1/100 | loss 2.5000 | ? steps/s | ETA ?')
+  clock.now += 1.0
+  assert not progress.early_due(2)
+  clock.now += metrics.EARLY_LINE_SECONDS  # A slow step: a line anyway.
+  assert progress.early_due(3)
+  progress.note(3, None)
+  assert not progress.early_due(4)
+  clock.now += 7.0
+  assert progress.early_due(10)
+  progress.note(10, {})
+  # Steady rate since step 1: 9 steps in 38 s.
+  assert out.getvalue().splitlines()[-1] == (
+      'step 10/100 | 0.24 steps/s | ETA 6:20 + eval')
+  clock.now += 40.0
+  # The regular line's rate counts from step 1, not from the early lines.
+  assert progress.update(50, {}) == pytest.approx(49 / 78.0)
+  clock.now += metrics.EARLY_LINE_SECONDS
+  assert not progress.early_due(100)  # Regular lines only from here on.
+
+
+def test_early_lines_count_the_steps_of_the_process(clock):
+  progress = metrics.Progress(total_steps=1000, start_step=650,
+                              stream=io.StringIO())
+  progress.compiled(651)
+  assert [s for s in range(651, 800) if progress.early_due(s)] == [
+      651, 660, 750]
+
+
+def test_progress_line_gives_model_tflops_and_mfu(clock):
+  out = io.StringIO()
+  # 2 TFLOP per step over 2 devices; a device's peak of 4 TFLOP/s.
+  progress = metrics.Progress(total_steps=100, start_step=0, stream=out,
+                              flops_per_step=2e12, num_devices=2,
+                              peak_flops_per_s=4e12)
+  progress.compiled(1)
+  clock.now += 9.0
+  rate = progress.update(10, {})
+  assert rate == pytest.approx(1.0)
+  assert progress.throughput(rate) == pytest.approx(
+      {'tflops_per_device': 1.0, 'mfu': 0.25})
+  assert '| 1.00 TFLOP/s/device, MFU 25.0% |' in out.getvalue()
+  # Peak unknown (e.g. a CPU): TFLOP/s only.
+  progress.peak_flops_per_s = None
+  assert progress.throughput(2.0) == {'tflops_per_device': 2.0}
+  assert progress.throughput(None) == {}
+  assert metrics.format_tflops(3.55e-5) == '0.0000355'

@@ -19,10 +19,13 @@ import pytest
 import lra_msmra
 from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
+from lra_msmra import hardware
+from lra_msmra import metrics as metrics_lib
 from lra_msmra import sharding
 from lra_msmra import steps
 from lra_msmra import train
 from lra_msmra import workdir_lock
+from lra_msmra.benchmark import flops
 from lra_msmra.data import pipeline
 from tests import helpers
 
@@ -68,6 +71,60 @@ def test_smoke_run_writes_everything(finished_run):
   assert bool(on_disk['warnings']) == below
   # The workdir is free again.
   assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
+
+
+def test_model_flops_of_the_training_step(finished_run):
+  """results.json and metrics.jsonl give the step's matmul FLOPs and model
+  TFLOP/s per device; no MFU on the CPU, whose peak is not known."""
+  config, workdir, _ = finished_run
+  on_disk = json.load(open(os.path.join(workdir, 'results.json')))
+  spec = data_lib.get_model_spec(config)
+  model, tx, schedule = steps.build(config, spec)
+  mesh = sharding.create_mesh()
+  step = functools.partial(steps.train_step, model=model, tx=tx,
+                           schedule=schedule, grad_accum_steps=1)
+  expected = flops.matmul_flops(step, steps.abstract_train_state(config, spec),
+                                steps.abstract_batch(spec, 8, mesh))['flops']
+  assert expected > 0
+  assert on_disk['train_flops_per_step'] == expected
+  assert on_disk['train_tflops_per_device'] == pytest.approx(
+      expected * on_disk['train_steps_per_sec'] / 8 / 1e12)
+  assert hardware.peak(jax.devices()[0].device_kind) is None
+  assert 'train_mfu' not in on_disk
+  timed = [r for r in _metrics(workdir) if 'train/steps_per_sec' in r]
+  assert timed
+  for r in timed:
+    assert r['train/tflops_per_device'] == pytest.approx(
+        expected * r['train/steps_per_sec'] / 8 / 1e12)
+  assert not any('train/mfu' in r for r in _metrics(workdir))
+
+
+def test_flops_are_counted_with_the_xla_kernel():
+  config = helpers.tiny_listops_config()
+  assert train.flops_config(config) == (config, None)
+  with config.unlocked():
+    config.model.attention_kw.kernel = 'pallas'
+  counted, replaced = train.flops_config(config)
+  assert replaced == 'pallas'
+  assert counted.model.attention_kw.kernel == 'xla'
+  assert config.model.attention_kw.kernel == 'pallas'  # Left as it was.
+
+
+def test_mfu_in_results_needs_a_known_peak_and_one_kind_of_device():
+  progress = metrics_lib.Progress(10, 0, flops_per_step=4e12, num_devices=2,
+                                  peak_flops_per_s=4e12)
+  peak = hardware.Peak(4e12, 1e12, 'a datasheet')
+  h100 = {'device_kind': 'NVIDIA H100', 'num_devices': 2}
+  out = train._throughput({'train_steps_per_sec': 1.0}, progress, peak,  # pylint: disable=protected-access
+                          [h100, h100])
+  assert out == {'train_tflops_per_device': 2.0, 'train_mfu': 0.5,
+                 'peak_flops_per_device': {'flops_per_s': 4e12,
+                                           'source': 'a datasheet'}}
+  out = train._throughput({'train_steps_per_sec': 1.0}, progress, peak,  # pylint: disable=protected-access
+                          [h100, {'device_kind': 'cpu', 'num_devices': 1}])
+  assert out == {'train_tflops_per_device': 2.0}
+  assert train._throughput({'train_steps_per_sec': None}, progress, peak,  # pylint: disable=protected-access
+                           [h100]) == {}
 
 
 def test_the_test_split_is_evaluated_once_when_the_best_is_the_last(
@@ -212,6 +269,12 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   jax.tree.map(np.testing.assert_array_equal, _final_params(workdir),
                _final_params(full_dir))
   assert resumed['final'] == full_results['final']
+  # The record of step 4 averages steps 3 and 4, as in the uninterrupted
+  # run: step 3's metrics came back with the checkpoint.
+  timing = ('train/steps_per_sec', 'train/tflops_per_device')
+  strip = lambda records: [{k: v for k, v in r.items() if k not in timing}
+                           for r in records]
+  assert strip(_metrics(workdir)) == strip(_metrics(full_dir))
 
 
 def test_second_ctrl_c_stops_at_once():
@@ -287,14 +350,43 @@ def test_resume_with_a_different_config_is_refused(finished_run):
   with pytest.raises(ValueError, match='different config') as e:
     train.train_and_evaluate(helpers.tiny_listops_config(seed=1), workdir)
   # Names each differing key with both values.
-  assert "keys ['seed'] differ: seed: 0 there, 1 now" in str(e.value)
+  assert '(recorded → now: seed: 0 → 1)' in str(e.value)
+  # Leaf keys of nested sections, not the whole section.
+  config = helpers.tiny_listops_config()
+  config.model.attention = 'cst'
+  config.model.num_heads = 4
+  with pytest.raises(ValueError, match='different config') as e:
+    train._check_resume_config(workdir, config)  # pylint: disable=protected-access
+  assert ('(recorded → now: model.attention: softmax → cst; '
+          'model.num_heads: 2 → 4)') in str(e.value)
   # A moved data folder gets the way to resume (the check that runs before
   # any data is read).
   config = helpers.tiny_listops_config()
   config.data_dir = '/elsewhere/listops'
   with pytest.raises(ValueError, match='symbolic link') as e:
     train._check_resume_config(workdir, config)  # pylint: disable=protected-access
-  assert '"/elsewhere/listops" now' in str(e.value)
+  assert 'data_dir: "" → /elsewhere/listops' in str(e.value)
+
+
+def test_a_run_that_fails_on_its_data_leaves_no_workdir(tmp_path):
+  empty, garbled = tmp_path / 'empty', tmp_path / 'garbled'
+  empty.mkdir()
+  garbled.mkdir()
+  for split in ('train', 'val', 'test'):
+    (garbled / f'basic_{split}.tsv').write_text('Source\tTarget\n( 1\tx\n')
+  for data_dir, error in ((empty, FileNotFoundError), (garbled, ValueError)):
+    config = helpers.tiny_listops_config(data_dir=str(data_dir))
+    config.data.generate = False
+    workdir = tmp_path / 'new'
+    with pytest.raises(error):
+      train.train_and_evaluate(config, str(workdir))
+    assert not workdir.exists()
+    # A workdir that was there before is left as it was.
+    workdir.mkdir()
+    with pytest.raises(error):
+      train.train_and_evaluate(config, str(workdir))
+    assert os.listdir(workdir) == []
+    workdir.rmdir()
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
