@@ -1,0 +1,244 @@
+"""Transformer-LS's attention core as one fused Pallas flash attention.
+
+The `long_short` mechanism (`lra_msmra.attention.long_short`) attends, under
+one softmax, to the keys of a local window and to the r dynamic-projection
+landmarks K̄, V̄. Its `'xla'` implementation builds the window tiles and the
+`[batch, heads, length, slots]` weights (`long_short._attend`) and recomputes
+them in the backward pass. Its `'pallas'` implementation, here, runs that
+core as one call of the flash kernel family (`lra_msmra.kernels.flash`),
+forward and backward, so the weights only exist one tile at a time:
+
+* the window is the flash `Window`: bidirectional, segments of w queries
+  see the keys [g w - e, (g + 1) w + e), e = max(w // 2, 1) ('segment',
+  left = right = e); causal, query t sees the keys [t - w + 1, t]
+  ('sliding', left = w - 1, causal);
+* the landmarks are the flash extra keys: bidirectional, every query sees
+  all r ('all'); causal, query chunk c sees the r landmarks of each earlier
+  chunk that holds a real token ('earlier_group', groups of r landmarks and
+  of l = `chunk_size` queries, flags from `landmark_flags`);
+* window keys are flagged by the padding mask, and the output of a padded
+  query is zeroed, as the 'xla' core zeroes its weights.
+
+`window_size=0` (landmarks only) and `num_landmarks=0` (window only) drop
+one of the two key sets. Everything around the core (projections, DualLN,
+the landmark projection P and its softmax over the sequence, the optional
+convolution) is the mechanism's shared code, so both implementations have
+the same variables.
+
+What the fused kernel does not give: the joint weights (`probs`), which the
+'xla' core sows into `intermediates`; apply the same variables with
+`implementation='xla'` to inspect them. The metric `long_range_mass` (mean
+weight on the landmarks) comes from the kernel's per-query log-sum-exp: the
+landmark weight of query i is exp(lse_landmarks_i - lse_i), with
+lse_landmarks from one more forward pass over the landmarks alone (N r d
+work, no gradient), computed only when the metric is collected.
+
+The flash kernel returns its log-sum-exp only internally, so `_fused` wraps
+its forward and backward passes (`flash._forward`, `flash._backward`) in a
+custom VJP that also returns it; this is the one place that reads flash's
+private functions.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from lra_msmra.kernels import flash
+
+Array = jax.Array
+
+IMPLEMENTATION = 'pallas'
+
+
+class Geometry(NamedTuple):
+  """Which keys a query sees (static).
+
+  Attributes:
+    window_size: w; 0 = no window keys.
+    num_landmarks: r (per chunk when causal); 0 = no landmarks.
+    causal: the causal form (sliding window, per-chunk landmarks).
+    chunk_size: l, queries per landmark chunk (causal only).
+  """
+  window_size: int
+  num_landmarks: int
+  causal: bool = False
+  chunk_size: int = 1
+
+  def window(self) -> Optional[flash.Window]:
+    w = self.window_size
+    if not w:
+      return None
+    if self.causal:
+      return flash.Window('sliding', left=w - 1, right=0, causal=True)
+    e = max(w // 2, 1)
+    return flash.Window('segment', size=w, left=e, right=e)
+
+  def extra_rule(self) -> Optional[flash.Extra]:
+    if not self.num_landmarks:
+      return None
+    if self.causal:
+      return flash.Extra('earlier_group', key_group=self.num_landmarks,
+                         query_group=self.chunk_size)
+    return flash.Extra('all')
+
+
+def landmark_flags(padding_mask: Array, geometry: Geometry) -> Array:
+  """Which landmarks may be attended: bool `[batch, landmarks]`.
+
+  Bidirectional: all r. Causal: the r landmarks of each chunk of
+  `chunk_size` positions that holds a real token (a chunk without one has
+  no projection); which chunks a query sees is the kernel's rule.
+  """
+  batch, length = padding_mask.shape
+  r = geometry.num_landmarks
+  if not geometry.causal:
+    return jnp.ones((batch, r), bool)
+  chunks = padding_mask.reshape(batch, length // geometry.chunk_size, -1)
+  return jnp.repeat(jnp.any(chunks, -1), r, axis=1)
+
+
+# -- the flash kernel, with its log-sum-exp ----------------------------------
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(static, seed, q, window_args, extra_args):
+  """flash's forward pass returning (out, lse); gradients through out only.
+
+  Callers read lse under `lax.stop_gradient`; its cotangent is dropped.
+  """
+  return flash._forward(static, seed, q, window_args, extra_args)  # pylint: disable=protected-access
+
+
+def _fused_fwd(static, seed, q, window_args, extra_args):
+  out, lse = flash._forward(static, seed, q, window_args, extra_args)  # pylint: disable=protected-access
+  return (out, lse), (seed, q, window_args, extra_args, out, lse)
+
+
+def _fused_bwd(static, residuals, cotangents):
+  seed, q, window_args, extra_args, out, lse = residuals
+  d_out, _ = cotangents
+  d_q, d_window, d_extra = flash._backward(  # pylint: disable=protected-access
+      static, seed, q, window_args, extra_args, out, lse, d_out)
+  # The seed and the validity flags are integers: no cotangent.
+  if d_window is not None:
+    d_window = (*d_window, None)
+  if d_extra is not None:
+    d_extra = (*d_extra, None)
+  return None, d_q, d_window, d_extra
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _operands(keys: Array, values: Array, flags: Array, tile: int):
+  """Heads-major keys and values and int32 flags, padded to the tile."""
+  return (flash._pad(keys, 2, tile), flash._pad(values, 2, tile),  # pylint: disable=protected-access
+          flash._flags(flags, tile))  # pylint: disable=protected-access
+
+
+# -- the attention core ------------------------------------------------------
+
+
+def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
+           window: Optional[tuple[Array, Array, Array]], query_mask: Array,
+           geometry: Geometry, *, dropout_rate: float = 0.0,
+           dropout_seed: Optional[Array] = None,
+           block: int = flash.DEFAULT_BLOCK, long_range_mass: bool = False
+           ) -> tuple[Array, Optional[Array]]:
+  """One joint softmax over the window keys and the landmarks, fused.
+
+  The function of `lra_msmra.attention.long_short._attend`: the same output,
+  and gradients for q, the window keys and values and the landmarks. With
+  dropout, the keep mask is the flash kernel's (`flash.keep_mask`; window
+  keys counted by sequence position, landmarks by index), not `jax.random`'s.
+
+  Args:
+    q: scaled queries `[batch, length, heads, head_dim]`.
+    landmarks: None, or (K̄, V̄ `[batch, m, heads, head_dim]`, bool flags
+      `[batch, m]` from `landmark_flags`); m = r, causal (length / l) r.
+    window: None, or (keys, values `[batch, length, heads, head_dim]`, bool
+      key mask `[batch, length]`, True = real token).
+    query_mask: bool `[batch, length]`; False rows output zero.
+    geometry: the window and landmark rules.
+    dropout_rate: attention dropout on the joint weights (0: none).
+    dropout_seed: int32 or uint32 scalar drawn from the dropout RNG;
+      required with dropout.
+    block: queries and keys per kernel tile (`flash.tile_size`).
+    long_range_mass: also return each query's total weight on the landmarks
+      (before dropout).
+
+  Returns:
+    The combined values `[batch, length, heads, head_dim]` in q's dtype, and
+    None or the landmark weight per query, float32 `[batch, heads, length]`
+    (0 at padded queries; no gradient).
+  """
+  rule, win = geometry.extra_rule(), geometry.window()
+  if (rule is None) != (landmarks is None) or (win is None) != (
+      window is None):
+    raise ValueError(f'{geometry} does not match the key sets given '
+                     f'(landmarks: {landmarks is not None}, window: '
+                     f'{window is not None}).')
+  batch, length, heads, _ = q.shape
+  if geometry.causal and rule is not None and length % geometry.chunk_size:
+    raise ValueError(f'length {length} is not a multiple of chunk_size='
+                     f'{geometry.chunk_size}.')
+  seed = None
+  if dropout_rate:
+    if dropout_seed is None:
+      raise ValueError('dropout_rate > 0 needs a dropout_seed.')
+    # flash_attention's form of the seed: int32 `[1, 1]`.
+    seed = lax.bitcast_convert_type(
+        jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32).reshape(1, 1)
+  # The kernel is heads-major: one (batch, head) is a contiguous matrix.
+  heads_major = lambda a: a.transpose(0, 2, 1, 3)
+  longest = max(length, landmarks[0].shape[1] if landmarks else 0)
+  tile = flash.tile_size(longest, block)
+  q_h = flash._pad(heads_major(q), 2, tile)  # pylint: disable=protected-access
+  window_args = extra_args = None
+  if window is not None:
+    k, v, key_mask = window
+    window_args = _operands(heads_major(k), heads_major(v), key_mask, tile)
+  if landmarks is not None:
+    k_bar, v_bar, flags = landmarks
+    extra_args = _operands(heads_major(k_bar), heads_major(v_bar), flags,
+                           tile)
+  static = flash._Static(win, rule, tile, heads=heads,  # pylint: disable=protected-access
+                         dropout_rate=float(dropout_rate))
+  out, lse = _fused(static, seed, q_h, window_args, extra_args)
+  real = query_mask[:, None, :, None]
+  out = jnp.where(real, out[:, :, :length], jnp.zeros((), out.dtype))
+
+  mass = None
+  if long_range_mass and landmarks is not None:
+    only_landmarks = static._replace(window=None, dropout_rate=0.0)
+    mass = _landmark_weight(only_landmarks, q_h, extra_args, lse,
+                            landmarks[2], geometry)[:, :, :length]
+    mass = jnp.where(real[..., 0], mass, 0.0)
+  return heads_major(out), mass
+
+
+def _landmark_weight(static, q_h, extra_args, lse, flags, geometry):
+  """Each query's weight on the landmarks: exp(lse over them - lse).
+
+  One forward pass of the kernel over the landmarks alone gives the first
+  log-sum-exp; a query that sees no landmark gets 0.
+  """
+  q_h, extra_args, lse = lax.stop_gradient((q_h, extra_args, lse))
+  _, lse_landmarks = flash._forward(static, None, q_h, None, extra_args)  # pylint: disable=protected-access
+  weight = jnp.exp(lse_landmarks - lse)[..., 0]
+  batch, _, n, _ = q_h.shape
+  if geometry.causal:
+    # Chunk c sees a landmark iff an earlier chunk holds a real token.
+    r = geometry.num_landmarks
+    chunk_real = flags.reshape(batch, -1, r)[..., 0].astype(jnp.int32)
+    earlier = (jnp.cumsum(chunk_real, 1) - chunk_real) > 0
+    seen = jnp.repeat(earlier, geometry.chunk_size, axis=1)
+    seen = jnp.pad(seen, ((0, 0), (0, n - seen.shape[1])))
+  else:
+    seen = jnp.broadcast_to(jnp.any(flags, 1, keepdims=True), (batch, n))
+  return jnp.where(seen[:, None, :], weight, 0.0)
