@@ -19,6 +19,14 @@ over one joint softmax whose keys are
 each only where its validity flag is set. A query with no valid key
 outputs zeros (`base.safe_softmax`'s rule). The queries come scaled.
 
+Attention dropout (`dropout_rate`) drops normalised weights, as dropout
+after a softmax does, with a keep mask drawn inside the kernel: a
+counter-based hash of (seed, batch, head, query, key, part) (`keep_mask`,
+the same function in plain jnp), so that no mask array exists in memory and
+the backward pass redraws the same mask. The bits are not those of
+`jax.random`: the same seed gives other masks than an XLA implementation
+that draws with `jax.random.bernoulli`.
+
 This one pattern is the hot path of several mechanisms: CST's local
 attention inside slices (segments, no extras) and its global attention
 over slice embeddings (full window), Transformer-LS's window plus
@@ -182,6 +190,45 @@ class _Static(NamedTuple):
   window: Optional[Window]
   extra: Optional[Extra]
   block: int
+  heads: int = 1
+  dropout_rate: float = 0.0
+
+
+# Part tags of the keep mask's hash: sequence keys and extra keys.
+WINDOW_PART, EXTRA_PART = 0, 1
+
+
+def _mix(x: Array) -> Array:
+  """A 32-bit finaliser (MurmurHash3's): every input bit moves every output
+  bit."""
+  x = x ^ lax.shift_right_logical(x, jnp.uint32(16))
+  x = x * jnp.uint32(0x85EBCA6B)
+  x = x ^ lax.shift_right_logical(x, jnp.uint32(13))
+  x = x * jnp.uint32(0xC2B2AE35)
+  return x ^ lax.shift_right_logical(x, jnp.uint32(16))
+
+
+def keep_mask(seed: Array, batch: Array, head: Array, query: Array,
+              key: Array, part: int, heads: int, rate: float) -> Array:
+  """Bool keep mask of attention dropout, broadcast over its index arrays.
+
+  Args:
+    seed: int32 or uint32 scalar (or `[1, 1]`), the layer's draw.
+    batch, head, query, key: non-negative int32 indices (any broadcastable
+      shapes); `key` counts within its part.
+    part: WINDOW_PART or EXTRA_PART.
+    heads: number of heads (batch and head make one stream).
+    rate: the dropout rate; an entry is kept with probability 1 - rate
+      (to within 2^-32).
+  """
+  u32 = lambda a: jnp.asarray(a).astype(jnp.uint32)
+  stream = u32(batch) * jnp.uint32(heads) + u32(head)
+  x = _mix(u32(seed) ^ jnp.uint32((0x9E3779B9 * (part + 1)) % 2**32))
+  x = _mix(x ^ (stream * jnp.uint32(0x27D4EB2F)))
+  x = _mix(x ^ (u32(query) * jnp.uint32(0x165667B1)))
+  x = _mix(x ^ u32(key))
+  threshold = min(int(round((1.0 - rate) * 2.0**32)), 2**32 - 1)
+  return x < jnp.uint32(threshold)
 
 
 # -- the kernel bodies -------------------------------------------------------
@@ -211,16 +258,49 @@ def _tiles(lo: Array, hi: Array, block: int) -> tuple[Array, Array]:
   return first, last
 
 
+def _parts(static: _Static, refs: list, nk: int, nm: int) -> list:
+  """(rule, keys, part tag, k_ref, v_ref, flags_ref) per key part, taken
+  from the front of `refs`."""
+  parts = []
+  if static.window is not None:
+    parts.append((static.window, nk, WINDOW_PART, refs.pop(0), refs.pop(0),
+                  refs.pop(0)))
+  if static.extra is not None:
+    parts.append((static.extra, nm, EXTRA_PART, refs.pop(0), refs.pop(0),
+                  refs.pop(0)))
+  return parts
+
+
+def _stream(static: _Static, seed_ref) -> Optional[tuple[Array, ...]]:
+  """(seed, batch, head) of this program for the keep mask, or None
+  without dropout. Read at the kernel's top level: Pallas' interpreter has
+  no program ids inside loops."""
+  if not static.dropout_rate:
+    return None
+  return seed_ref[...], pl.program_id(0), pl.program_id(1)
+
+
+def _dropper(static: _Static, stream, part: int, i: Array, j: Array):
+  """`x -> x` with dropped entries zeroed and kept ones scaled by
+  1 / (1 - rate), for the tile of queries `i` and keys `j`; identity
+  without dropout."""
+  if stream is None:
+    return lambda x: x
+  seed, batch, head = stream
+  keep = keep_mask(seed, batch, head, i, j, part, static.heads,
+                   static.dropout_rate)
+  scale = 1.0 / (1.0 - static.dropout_rate)
+  return lambda x: jnp.where(keep, x * scale, 0.0)
+
+
 def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   """One query tile: online softmax over its window and extra key tiles."""
   refs = list(refs)
+  seed_ref = refs.pop(0) if static.dropout_rate else None
   q_ref = refs.pop(0)
-  parts = []
-  if static.window is not None:
-    parts.append((static.window, nk, refs.pop(0), refs.pop(0), refs.pop(0)))
-  if static.extra is not None:
-    parts.append((static.extra, nm, refs.pop(0), refs.pop(0), refs.pop(0)))
+  parts = _parts(static, refs, nk, nm)
   o_ref, lse_ref = refs
+  stream = _stream(static, seed_ref)
   t = static.block
   i0 = pl.program_id(2) * t
   q = q_ref[...]
@@ -228,21 +308,23 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   acc = jnp.zeros(q.shape, jnp.float32)
   m = jnp.full((t, 1), NEG, jnp.float32)
   l = jnp.zeros((t, 1), jnp.float32)
-  for rule, n, k_ref, v_ref, valid_ref in parts:
-    def body(tile, carry, rule=rule, k_ref=k_ref, v_ref=v_ref,
+  for rule, n, tag, k_ref, v_ref, valid_ref in parts:
+    def body(tile, carry, rule=rule, tag=tag, k_ref=k_ref, v_ref=v_ref,
              valid_ref=valid_ref):
       acc, m, l = carry
       j0 = pl.multiple_of(tile * t, t)
       k = k_ref[pl.ds(j0, t), :]
       v = v_ref[pl.ds(j0, t), :]
-      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i,
-                      _iota((t, t), 1, j0))
+      j = _iota((t, t), 1, j0)
+      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i, j)
       s = jnp.where(ok, _dot(q, k, 1, 1), NEG)
       m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
       p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
       scale = jnp.exp(m - m_new)
+      # The normaliser counts every weight; dropout acts on the weights.
       l = l * scale + jnp.sum(p, axis=1, keepdims=True)
-      acc = acc * scale + _dot(p.astype(v.dtype), v, 1, 0)
+      dropped = _dropper(static, stream, tag, i, j)(p)
+      acc = acc * scale + _dot(dropped.astype(v.dtype), v, 1, 0)
       return acc, m_new, l
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
     acc, m, l = lax.fori_loop(first, last, body, (acc, m, l))
@@ -255,40 +337,43 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
 def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   """One query tile's dQ: recompute its weights from the log-sum-exp."""
   refs = list(refs)
+  seed_ref = refs.pop(0) if static.dropout_rate else None
   q_ref, do_ref, lse_ref, delta_ref = refs[:4]
   refs = refs[4:]
-  parts = []
-  if static.window is not None:
-    parts.append((static.window, nk, refs.pop(0), refs.pop(0), refs.pop(0)))
-  if static.extra is not None:
-    parts.append((static.extra, nm, refs.pop(0), refs.pop(0), refs.pop(0)))
+  parts = _parts(static, refs, nk, nm)
   (dq_ref,) = refs
+  stream = _stream(static, seed_ref)
   t = static.block
   i0 = pl.program_id(2) * t
   q, do = q_ref[...], do_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
   i = _iota((t, t), 0, i0)
   dq = jnp.zeros(q.shape, jnp.float32)
-  for rule, n, k_ref, v_ref, valid_ref in parts:
-    def body(tile, dq, rule=rule, k_ref=k_ref, v_ref=v_ref,
+  for rule, n, tag, k_ref, v_ref, valid_ref in parts:
+    def body(tile, dq, rule=rule, tag=tag, k_ref=k_ref, v_ref=v_ref,
              valid_ref=valid_ref):
       j0 = pl.multiple_of(tile * t, t)
       k = k_ref[pl.ds(j0, t), :]
       v = v_ref[pl.ds(j0, t), :]
-      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i,
-                      _iota((t, t), 1, j0))
+      j = _iota((t, t), 1, j0)
+      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i, j)
       p = jnp.where(ok, jnp.exp(_dot(q, k, 1, 1) - lse), 0.0)
-      ds = p * (_dot(do, v, 1, 1) - delta)
+      d_p = _dropper(static, stream, tag, i, j)(_dot(do, v, 1, 1))
+      ds = p * (d_p - delta)
       return dq + _dot(ds.astype(k.dtype), k, 1, 0)
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
     dq = lax.fori_loop(first, last, body, dq)
   dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _dkv_kernel(q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref,
-                dk_ref, dv_ref, *, rule, block: int, nq: int):
+def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
   """One key tile's dK and dV, over the query tiles that see it."""
-  t = block
+  refs = list(refs)
+  seed_ref = refs.pop(0) if static.dropout_rate else None
+  (q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref, dk_ref,
+   dv_ref) = refs
+  stream = _stream(static, seed_ref)
+  t = static.block
   j0 = pl.program_id(2) * t
   k, v = k_ref[...], v_ref[...]
   valid = valid_ref[:, pl.ds(j0, t)]
@@ -299,11 +384,13 @@ def _dkv_kernel(q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref,
     r0 = pl.multiple_of(tile * t, t)
     q = q_ref[pl.ds(r0, t), :]
     do = do_ref[pl.ds(r0, t), :]
-    ok = _tile_mask(rule, valid, _iota((t, t), 0, r0), j)
+    i = _iota((t, t), 0, r0)
+    ok = _tile_mask(rule, valid, i, j)
     p = jnp.where(ok, jnp.exp(_dot(q, k, 1, 1) - lse_ref[pl.ds(r0, t), :]),
                   0.0)
-    dv = dv + _dot(p.astype(do.dtype), do, 0, 0)
-    ds = p * (_dot(do, v, 1, 1) - delta_ref[pl.ds(r0, t), :])
+    drop = _dropper(static, stream, tag, i, j)
+    dv = dv + _dot(drop(p).astype(do.dtype), do, 0, 0)
+    ds = p * (drop(_dot(do, v, 1, 1)) - delta_ref[pl.ds(r0, t), :])
     dk = dk + _dot(ds.astype(q.dtype), q, 0, 0)
     return dk, dv
 
@@ -369,93 +456,104 @@ def _sizes(q, window_args, extra_args):
   return q.shape[2], nk, nm
 
 
-def _forward(static: _Static, q, window_args, extra_args):
+def _seed_args(static: _Static, seed):
+  """The dropout seed as a `[1, 1]` operand, or nothing."""
+  if not static.dropout_rate:
+    return [], []
+  return [seed], [pl.BlockSpec((1, 1), lambda b, h, x: (0, 0))]
+
+
+def _forward(static: _Static, seed, q, window_args, extra_args):
   batch, heads, nq, d = q.shape
   _, nk, nm = _sizes(q, window_args, extra_args)
   t = static.block
   args, specs = _key_args(static, window_args, extra_args)
+  seed_args, seed_specs = _seed_args(static, seed)
   kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
                              nm=nm)
 
   def call(params, interpret):
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
-        in_specs=[_tile_spec(t, d)] + specs,
+        in_specs=seed_specs + [_tile_spec(t, d)] + specs,
         out_specs=[_tile_spec(t, d), _tile_spec(t, 1)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
-  return _on_every_platform(call)(q, *args)
+  return _on_every_platform(call)(*seed_args, q, *args)
 
 
-def _backward(static: _Static, q, window_args, extra_args, out, lse, d_out):
+def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
+              d_out):
   batch, heads, nq, d = q.shape
   _, nk, nm = _sizes(q, window_args, extra_args)
   t = static.block
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32),
                   axis=-1, keepdims=True)
   args, specs = _key_args(static, window_args, extra_args)
+  seed_args, seed_specs = _seed_args(static, seed)
   dq_kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
                                 nm=nm)
 
   def dq_call(params, interpret):
     return pl.pallas_call(
         dq_kernel, grid=(batch, heads, nq // t),
-        in_specs=[_tile_spec(t, d), _tile_spec(t, d), _tile_spec(t, 1),
-                  _tile_spec(t, 1)] + specs,
+        in_specs=seed_specs + [_tile_spec(t, d), _tile_spec(t, d),
+                               _tile_spec(t, 1), _tile_spec(t, 1)] + specs,
         out_specs=_tile_spec(t, d),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
-  d_q = _on_every_platform(dq_call)(q, d_out, lse, delta, *args)
+  d_q = _on_every_platform(dq_call)(*seed_args, q, d_out, lse, delta, *args)
 
   grads = []
-  for rule, group in ((static.window, window_args),
-                      (static.extra, extra_args)):
+  for rule, tag, group in ((static.window, WINDOW_PART, window_args),
+                           (static.extra, EXTRA_PART, extra_args)):
     if rule is None:
       grads.append(None)
       continue
     k, v, flags = group
     n = k.shape[2]
-    kernel = functools.partial(_dkv_kernel, rule=rule, block=t, nq=nq)
+    kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
+                               tag=tag, nq=nq)
 
     def dkv_call(params, interpret, k=k, v=v, n=n, kernel=kernel):
       return pl.pallas_call(
           kernel, grid=(batch, heads, n // t),
-          in_specs=[_whole_spec(nq, d), _whole_spec(nq, d),
-                    _whole_spec(nq, 1), _whole_spec(nq, 1),
-                    _tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3]),
-                    _flags_spec(n)],
+          in_specs=seed_specs + [
+              _whole_spec(nq, d), _whole_spec(nq, d), _whole_spec(nq, 1),
+              _whole_spec(nq, 1), _tile_spec(t, k.shape[3]),
+              _tile_spec(t, v.shape[3]), _flags_spec(n)],
           out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
           out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
-    grads.append(tuple(_on_every_platform(dkv_call)(q, d_out, lse, delta, k,
-                                                    v, flags)))
+    grads.append(tuple(_on_every_platform(dkv_call)(
+        *seed_args, q, d_out, lse, delta, k, v, flags)))
   return d_q, grads[0], grads[1]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(static: _Static, q, window_args, extra_args):
-  return _forward(static, q, window_args, extra_args)[0]
+def _flash(static: _Static, seed, q, window_args, extra_args):
+  return _forward(static, seed, q, window_args, extra_args)[0]
 
 
-def _flash_fwd(static, q, window_args, extra_args):
-  out, lse = _forward(static, q, window_args, extra_args)
-  return out, (q, window_args, extra_args, out, lse)
+def _flash_fwd(static, seed, q, window_args, extra_args):
+  out, lse = _forward(static, seed, q, window_args, extra_args)
+  return out, (seed, q, window_args, extra_args, out, lse)
 
 
 def _flash_bwd(static, residuals, d_out):
-  q, window_args, extra_args, out, lse = residuals
-  d_q, d_window, d_extra = _backward(static, q, window_args, extra_args, out,
-                                     lse, d_out)
+  seed, q, window_args, extra_args, out, lse = residuals
+  d_q, d_window, d_extra = _backward(static, seed, q, window_args,
+                                     extra_args, out, lse, d_out)
   # The validity flags are integers: no cotangent.
   if d_window is not None:
     d_window = (*d_window, None)
   if d_extra is not None:
     d_extra = (*d_extra, None)
-  return d_q, d_window, d_extra
+  return None, d_q, d_window, d_extra
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -493,7 +591,9 @@ def flash_attention(q: Array, k: Optional[Array] = None,
                     window: Optional[Window] = Window(),
                     extra: Optional[tuple[Array, Array, Array]] = None,
                     extra_rule: Extra = Extra(),
-                    block: int = DEFAULT_BLOCK) -> Array:
+                    block: int = DEFAULT_BLOCK,
+                    dropout_rate: float = 0.0,
+                    dropout_seed: Optional[Array] = None) -> Array:
   """Softmax attention over a key window and extra keys (module docstring).
 
   Args:
@@ -507,6 +607,9 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     extra_rule: which extra keys each query sees.
     block: queries and keys per tile (a power of two >= 16; shorter
       sequences get smaller tiles).
+    dropout_rate: attention dropout on the normalised weights (0: none).
+    dropout_seed: int32 or uint32 scalar; required with dropout. The keep
+      mask is `keep_mask(seed, b, h, query, key, part, heads, rate)`.
 
   Returns:
     `[batch, heads, nq, dv]` in `q`'s dtype; zero for a query without a
@@ -531,9 +634,19 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     extra_args = (_pad(kx, 2, t), _pad(vx, 2, t), _flags(x_valid, t))
   else:
     extra_args = None
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f'dropout_rate={dropout_rate} must be in [0, 1).')
+  seed = None
+  if dropout_rate:
+    if dropout_seed is None:
+      raise ValueError('dropout_rate > 0 needs a dropout_seed (an int32 '
+                       'scalar drawn from the dropout RNG).')
+    seed = lax.bitcast_convert_type(
+        jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32).reshape(1, 1)
   nq = q.shape[2]
-  out = _flash(_Static(window, extra_rule if extra is not None else None, t),
-               _pad(q, 2, t), window_args, extra_args)
+  static = _Static(window, extra_rule if extra is not None else None, t,
+                   heads=q.shape[1], dropout_rate=float(dropout_rate))
+  out = _flash(static, seed, _pad(q, 2, t), window_args, extra_args)
   return out[:, :, :nq]
 
 
@@ -541,10 +654,21 @@ def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,
               key_valid: Optional[Array] = None, *,
               window: Optional[Window] = Window(),
               extra: Optional[tuple[Array, Array, Array]] = None,
-              extra_rule: Extra = Extra()) -> Array:
-  """The same function in plain XLA (the whole score matrix in memory)."""
-  logits, valid, values = [], [], []
+              extra_rule: Extra = Extra(), dropout_rate: float = 0.0,
+              dropout_seed: Optional[Array] = None) -> Array:
+  """The same function in plain XLA (the whole score matrix in memory),
+  with the same dropout mask."""
+  logits, valid, values, keeps = [], [], [], []
+  batch, heads = q.shape[:2]
   i = jnp.arange(q.shape[2])[:, None]
+  b = jnp.arange(batch)[:, None, None, None]
+  h = jnp.arange(heads)[None, :, None, None]
+
+  def keep(n, part):
+    if not dropout_rate:
+      return None
+    return keep_mask(jnp.asarray(dropout_seed).astype(jnp.uint32), b, h, i,
+                     jnp.arange(n)[None, :], part, heads, dropout_rate)
   if extra is not None:
     kx, vx, x_valid = extra
     logits.append(jnp.einsum('bhqd,bhkd->bhqk', q, kx,
@@ -553,6 +677,7 @@ def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,
     ok = x_valid[:, None, None, :]
     valid.append(ok if rule is None else ok & rule)
     values.append(vx)
+    keeps.append(keep(kx.shape[2], EXTRA_PART))
   if window is not None:
     logits.append(jnp.einsum('bhqd,bhkd->bhqk', q, k,
                              preferred_element_type=jnp.float32))
@@ -560,6 +685,7 @@ def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,
     ok = key_valid[:, None, None, :]
     valid.append(ok if rule is None else ok & rule)
     values.append(v)
+    keeps.append(keep(k.shape[2], WINDOW_PART))
   s = jnp.concatenate(logits, -1)
   ok = jnp.concatenate([jnp.broadcast_to(m, l.shape)
                         for m, l in zip(valid, logits)], -1)
@@ -569,6 +695,10 @@ def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,
   p = jnp.where(ok, jnp.exp(s - top), 0.0)
   total = jnp.sum(p, -1, keepdims=True)
   p = p / jnp.where(total > 0, total, 1.0)
+  if dropout_rate:
+    kept = jnp.concatenate([jnp.broadcast_to(m, l.shape)
+                            for m, l in zip(keeps, logits)], -1)
+    p = jnp.where(kept, p / (1.0 - dropout_rate), 0.0)
   vals = jnp.concatenate(values, 2)
   return jnp.einsum('bhqk,bhkd->bhqd', p.astype(vals.dtype), vals,
                     preferred_element_type=jnp.float32).astype(q.dtype)

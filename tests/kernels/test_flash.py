@@ -58,11 +58,11 @@ def _functions(window, rule):
   del q, k, v, kx, vx
 
   def make(fn, **extra_kw):
-    def f(q, k, v, kx, vx):
+    def f(q, k, v, kx, vx, **kw):
       return fn(q, k if window else None, v if window else None,
                 valid if window else None, window=window,
                 extra=(kx, vx, x_valid) if rule else None,
-                extra_rule=rule or E(), **extra_kw)
+                extra_rule=rule or E(), **extra_kw, **kw)
     return f
   return make(flash.flash_attention, block=BLOCK), make(flash.reference)
 
@@ -86,6 +86,50 @@ def test_kernel_equals_reference_with_gradients(cid, window, rule):
   want = jax.grad(loss(ref), argnums)(*args)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize('cid,window,rule', [CASES[3], CASES[5]],
+                         ids=[CASES[3][0], CASES[5][0]])
+def test_dropout_equals_reference_with_the_same_mask(cid, window, rule):
+  del cid
+  q, k, v, _, kx, vx, _ = _inputs()
+  seed = jnp.int32(1234)
+  kernel, ref = _functions(window, rule)
+  drop = dict(dropout_rate=0.25, dropout_seed=seed)
+  kernel_d = lambda *a: kernel(*a, **drop)
+  ref_d = lambda *a: ref(*a, **drop)
+  args = (q, k, v, kx, vx)
+  out = jax.jit(kernel_d)(*args)
+  np.testing.assert_allclose(out, ref_d(*args), rtol=1e-5, atol=1e-5)
+  assert float(jnp.abs(out - ref(*args)).max()) > 0.1  # Something dropped.
+  other = jax.jit(lambda *a: kernel(*a, dropout_rate=0.25,
+                                    dropout_seed=jnp.int32(99)))(*args)
+  assert float(jnp.abs(out - other).max()) > 0.1  # Another seed, another mask.
+  cot = jax.random.normal(jax.random.PRNGKey(1), out.shape)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)
+  got = jax.jit(jax.grad(loss(kernel_d), (0, 1, 2, 3, 4)))(*args)
+  want = jax.grad(loss(ref_d), (0, 1, 2, 3, 4))(*args)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+def test_keep_mask_rate_and_independence():
+  b = jnp.arange(4)[:, None, None, None]
+  h = jnp.arange(4)[None, :, None, None]
+  i = jnp.arange(256)[:, None]
+  j = jnp.arange(256)[None, :]
+  keep = np.asarray(flash.keep_mask(jnp.uint32(7), b, h, i, j,
+                                    flash.WINDOW_PART, 4, 0.1))
+  assert abs(keep.mean() - 0.9) < 0.002
+  # No structure along any axis: per-row, per-column and per-head rates.
+  for axis in (0, 1, 2, 3):
+    rates = keep.mean(axis=tuple(a for a in range(4) if a != axis))
+    assert np.all(np.abs(rates - 0.9) < 0.03), axis
+  extra = np.asarray(flash.keep_mask(jnp.uint32(7), b, h, i, j,
+                                     flash.EXTRA_PART, 4, 0.1))
+  assert 0.15 < (keep != extra).mean() < 0.2  # Parts draw independently.
+  assert np.all(np.asarray(flash.keep_mask(jnp.uint32(7), b, h, i, j,
+                                           flash.WINDOW_PART, 4, 0.0)))
 
 
 def test_a_query_without_valid_keys_outputs_zero():
@@ -124,6 +168,8 @@ def test_bad_arguments_are_named():
     flash.flash_attention(q, k, v, valid, window=W('diagonal'))
   with pytest.raises(ValueError, match='needs a window, extra keys'):
     flash.flash_attention(q, window=None)
+  with pytest.raises(ValueError, match='needs a dropout_seed'):
+    flash.flash_attention(q, k, v, valid, dropout_rate=0.1)
   with pytest.raises(ValueError, match='as many keys as queries'):
     flash.flash_attention(q, k[:, :, :10], v[:, :, :10], valid[:, :10],
                           window=W('full', causal=True))
@@ -137,16 +183,18 @@ def test_tile_sizes():
 
 
 @pytest.mark.parametrize('platform', ['cuda', 'tpu'])
-@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16],
-                         ids=['float32', 'bfloat16'])
-def test_forward_and_backward_lower(platform, dtype):
+@pytest.mark.parametrize('dtype,rate', [(jnp.float32, 0.0),
+                                        (jnp.bfloat16, 0.1)],
+                         ids=['float32', 'bfloat16-dropout'])
+def test_forward_and_backward_lower(platform, dtype, rate):
   batch, heads, length, extra, dim = 2, 4, 1024, 32, 64
   window = W('segment', size=8, left=4, right=4)
 
   def grads(q, k, v, valid, kx, vx, x_valid):
     def loss(q, k, v, kx, vx):
       return jnp.sum(flash.flash_attention(
-          q, k, v, valid, window=window, extra=(kx, vx, x_valid)).astype(
+          q, k, v, valid, window=window, extra=(kx, vx, x_valid),
+          dropout_rate=rate, dropout_seed=jnp.int32(3)).astype(
               jnp.float32))
     return jax.grad(loss, (0, 1, 2, 3, 4))(q, k, v, kx, vx)
 
