@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import ml_collections
 
@@ -71,6 +71,13 @@ def load_sibling(file: str, name: str):
   return module
 
 
+def attention_kw(knobs: Mapping[str, Any] = ()) -> ml_collections.ConfigDict:
+  """`config.model.attention_kw` holding a mechanism's `knobs` plus the key
+  every config has, `implementation` (`'xla'`, `lra_msmra.kernels`), so that
+  `--config.model.attention_kw.implementation=...` can override it."""
+  return ml_collections.ConfigDict(dict(knobs, implementation='xla'))
+
+
 def default_config() -> ml_collections.ConfigDict:
   """All keys every task config has, with the LRA encoder defaults."""
   c = ml_collections.ConfigDict()
@@ -89,7 +96,8 @@ def default_config() -> ml_collections.ConfigDict:
   m = c.model
   m.attention = 'softmax'
   # Passed unchanged to the attention constructor: unknown keys fail.
-  m.attention_kw = ml_collections.ConfigDict()
+  # `implementation` is how the layer is computed (lra_msmra.kernels).
+  m.attention_kw = attention_kw()
   m.num_layers = 4
   m.emb_dim = 512
   m.num_heads = 8

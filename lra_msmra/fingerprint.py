@@ -29,6 +29,14 @@ IGNORED_KEYS = ('seed', 'data_dir', 'data.generate', 'data.generator',
                 'grad_accum_steps')
 
 
+# Config keys added after runs were recorded, with the value those runs had
+# implicitly: at that value a key is left out of a setting and of a config
+# comparison, so a run that sets it is the same experiment as one recorded
+# before it existed. `model.attention_kw.implementation`: how the attention
+# is computed (lra_msmra.kernels); 'xla' is the code every run used before.
+IMPLICIT_DEFAULTS = {'model.attention_kw.implementation': 'xla'}
+
+
 def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
   """{'a': {'b': 1}} -> {'a.b': 1}; lists and tuples become lists."""
   out = {}
@@ -45,6 +53,20 @@ def _ignored(key: str) -> bool:
   return any(key == k or key.startswith(k + '.') for k in IGNORED_KEYS)
 
 
+def without_implicit_defaults(tree: Mapping[str, Any], prefix: str = ''
+                              ) -> dict[str, Any]:
+  """A copy of a config, nested or flattened, without the keys of
+  `IMPLICIT_DEFAULTS` that hold their implicit value."""
+  out = {}
+  for key, value in tree.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, Mapping):
+      out[key] = without_implicit_defaults(value, name + '.')
+    elif name not in IMPLICIT_DEFAULTS or IMPLICIT_DEFAULTS[name] != value:
+      out[key] = value
+  return out
+
+
 def data_source_record(notes: Mapping[str, Any]) -> dict[str, Any]:
   """The data source of a run from its data notes: {'kind': ...} plus the
   generator settings for generated data."""
@@ -59,8 +81,10 @@ def data_source_record(notes: Mapping[str, Any]) -> dict[str, Any]:
 
 def setting(config: Mapping[str, Any],
             data_source: Mapping[str, Any]) -> dict[str, Any]:
-  """The flattened config without ignored keys, plus the data source."""
-  out = {k: v for k, v in flatten(config).items() if not _ignored(k)}
+  """The flattened config without ignored keys and implicit defaults, plus
+  the data source."""
+  out = {k: v for k, v in flatten(without_implicit_defaults(config)).items()
+         if not _ignored(k)}
   out.update({f'data_source.{k}': v
               for k, v in flatten(data_source).items()})
   return out
@@ -74,7 +98,9 @@ def fingerprint(values: Mapping[str, Any]) -> str:
 
 def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
   """The keys of either mapping whose values differ (a missing key reads
-  as None), sorted."""
+  as None), sorted. Keys of `IMPLICIT_DEFAULTS` at their implicit value
+  count as missing, at any depth."""
+  a, b = without_implicit_defaults(a), without_implicit_defaults(b)
   return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 

@@ -348,8 +348,9 @@ class DualEncoderClassifier(nn.Module):
 def check_config(m: Mapping[str, Any]) -> None:
   """Checks `config.model`: its values and the attention's knobs.
 
-  The attention class is built once from `num_heads`, `qkv_dim`, `causal`
-  and `attention_kw`, which runs its `check_knobs` hook (see
+  The attention class is built once from `num_heads`, `qkv_dim`,
+  `attention_dropout_rate`, `causal`, `dtype` and `attention_kw`, which
+  checks its `implementation` and runs its `check_knobs` hook (see
   `lra_msmra.attention.base.Attention`). What depends on the input length
   is checked when the model is traced (`lra_msmra.validation`).
 
@@ -399,7 +400,8 @@ def check_config(m: Mapping[str, Any]) -> None:
   kw = dict(m['attention_kw'])
   try:
     cls(num_heads=m['num_heads'], qkv_features=m['qkv_dim'],
-        causal=m['causal'], **kw)
+        dropout_rate=m['attention_dropout_rate'], causal=m['causal'],
+        dtype=jnp.dtype(m['dtype']), **kw)
   except TypeError as e:
     raise ValueError(
         f'config.model.attention_kw={kw} does not fit '

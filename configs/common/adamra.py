@@ -31,6 +31,8 @@ Projections, by protocol:
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 # The paper's Table 1 rates: three resolution heads, coarse to fine.
 PAPER_RATES = (1 / 2, 1 / 8, 1 / 32)
 
@@ -50,7 +52,7 @@ def apply(config: ml_collections.ConfigDict,
   """
   config.model.attention = 'adamra'
   layout = lra_projections if config.protocol == 'lra' else 'stacked'
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       compression_rates=PAPER_RATES, router_gate='prob',
       segment_means='masked', projections=layout))
   return config

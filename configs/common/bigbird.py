@@ -22,6 +22,8 @@ most 257 tokens) would otherwise be 2 to 5 blocks of 64, mostly global.
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 BLOCK_SIZE, NUM_RANDOM_BLOCKS = 64, 3
 RUNLOCAL_BLOCK_SIZE = 16
 
@@ -33,7 +35,7 @@ def apply(config: ml_collections.ConfigDict, opts: set[str],
   block = BLOCK_SIZE
   if 'runlocal' in opts and not image:
     block = RUNLOCAL_BLOCK_SIZE
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       block_size=block, num_random_blocks=NUM_RANDOM_BLOCKS,
       random_limit=1024, seed=0))
   if config.protocol == 'lra':

@@ -31,6 +31,8 @@ Ablations of Tables 7 and 8 are overrides of the knobs, e.g.
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 
 def apply(config: ml_collections.ConfigDict,
           slice_length: int = 8) -> ml_collections.ConfigDict:
@@ -44,7 +46,7 @@ def apply(config: ml_collections.ConfigDict,
     `config`.
   """
   config.model.attention = 'cst'
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       slice_length=slice_length,
       # alpha * L keys per slice: no extension into the neighbouring slices.
       alpha=1,

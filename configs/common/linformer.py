@@ -27,6 +27,8 @@ Knobs (lra_msmra/attention/linformer.py lists every choice):
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 LOW_RANK_FEATURES = 16
 XIONG_LOW_RANK_FEATURES = 256
 
@@ -52,6 +54,6 @@ def apply(config: ml_collections.ConfigDict, opts: set[str],
     rank, shared = lra_rank, share_layers
   elif 'xiong' in opts:
     rank, shared = XIONG_LOW_RANK_FEATURES, True
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       low_rank_features=rank, share_layers=shared))
   return config

@@ -21,6 +21,8 @@ and which we do not reproduce.
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 # The official LocalTransformerEncoder's default block size.
 TEXT_BLOCK_SIZE = 50
 # The official image configs' block size.
@@ -31,6 +33,6 @@ def apply(config: ml_collections.ConfigDict,
           block_size: int = TEXT_BLOCK_SIZE) -> ml_collections.ConfigDict:
   """Swaps in local attention with blocks of `block_size`; returns `config`."""
   config.model.attention = 'local'
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       block_size=block_size, grouping='contiguous'))
   return config

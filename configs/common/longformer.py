@@ -23,6 +23,8 @@ most 257 tokens) a 512-wide window would cover entirely.
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 WINDOW_SIZE = 512
 RUNLOCAL_WINDOW_SIZE = 32
 
@@ -34,6 +36,6 @@ def apply(config: ml_collections.ConfigDict, opts: set[str],
   window = WINDOW_SIZE
   if 'runlocal' in opts and not image:
     window = RUNLOCAL_WINDOW_SIZE
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       window_size=window, num_global_tokens=0, global_projections=True))
   return config

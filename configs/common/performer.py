@@ -61,5 +61,5 @@ def task_config(base: ModuleType, arg: str | None,
   config = base.get_config(arg)
   config.model.attention = 'performer'
   kernel = lra_kernel if config.protocol == 'lra' else KERNEL_XIONG
-  config.model.attention_kw = ml_collections.ConfigDict(dict(kernel))
+  config.model.attention_kw = config_lib.attention_kw(kernel)
   return lra_models.official(config, opts, **per_model)

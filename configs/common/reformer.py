@@ -61,5 +61,5 @@ def task_config(base: ModuleType, arg: str | None, **per_model: object
     knobs = xiong_knobs(config.data.pad_to_length or 1024)
   else:
     knobs = LRA_KNOBS
-  config.model.attention_kw = ml_collections.ConfigDict(dict(knobs))
+  config.model.attention_kw = config_lib.attention_kw(knobs)
   return lra_models.official(config, opts, **per_model)

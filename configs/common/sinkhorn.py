@@ -51,7 +51,7 @@ def task_config(base: ModuleType, arg: str | None, *,
   opts = config_lib.parse_arg(arg, base.OPTIONS)
   config = base.get_config(arg)
   config.model.attention = 'sinkhorn'
-  config.model.attention_kw = ml_collections.ConfigDict(
+  config.model.attention_kw = config_lib.attention_kw(
       {'block_size': block_size})
   return lra_models.official(config, opts, weight_decay=weight_decay,
                              **per_model)

@@ -19,13 +19,15 @@ same sizes.
 
 import ml_collections
 
+from lra_msmra import config_lib
+
 BLOCK_SIZE, SUMMARY_SIZE = 50, 10
 
 
 def apply(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Swaps in the fixed sparse pattern; call after the pooling is final."""
   config.model.attention = 'sparse'
-  config.model.attention_kw = ml_collections.ConfigDict(dict(
+  config.model.attention_kw = config_lib.attention_kw(dict(
       block_size=BLOCK_SIZE, summary_size=SUMMARY_SIZE, pattern_causal=True,
       num_prefix_tokens=int(config.model.pooling == 'CLS')))
   return config

@@ -82,5 +82,5 @@ def task_config(base: ModuleType, arg: str | None,
   config = base.get_config(arg)
   config.model.attention = 'synthesizer'
   knobs = lra_knobs if config.protocol == 'lra' else OFFICIAL_KNOBS
-  config.model.attention_kw = ml_collections.ConfigDict(dict(knobs))
+  config.model.attention_kw = config_lib.attention_kw(knobs)
   return lra_models.official(config, opts, **per_model)

@@ -25,11 +25,14 @@ A mechanism that needs parameters owned by the whole model (shared by every
 layer, e.g. CST's multi-scale position tables) overrides `shared_module`. The
 encoder then creates that module once, calls it once per forward pass, and hands
 its output to every attention layer as the keyword argument `shared`.
+
+How a layer is computed is its `implementation` (`lra_msmra.kernels`): the
+default `'xla'` is the mechanism's own code here, the numerical reference;
+a mechanism lists the others it has in `IMPLEMENTATIONS`.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import flax.linen as nn
@@ -62,12 +65,13 @@ class Attention(nn.Module):
       the PyTorch protocol of Xiong et al.).
     kernel_init: initialiser of projection kernels (Xavier-uniform in LRA).
     bias_init: initialiser of projection biases.
+    implementation: how the layer is computed (`lra_msmra.kernels`): one of
+      the class's `IMPLEMENTATIONS`; `'xla'` (the default, every mechanism's)
+      is the mechanism's own code and the numerical reference.
     zero_padded_queries: (class constant, not a field) the padded-row rule:
       True zeroes the output at padded query positions after `attend`.
-    rows_on_cpu: (class constant, not a field) True runs a deterministic
-      forward pass without differentiation (evaluation, inference) one batch
-      row at a time when lowered for CPU; see `__call__`. A mechanism opts in
-      where a benchmark shows the gain.
+    IMPLEMENTATIONS: (class constant, not a field) the values `implementation`
+      may take for this mechanism.
   """
   num_heads: int = 8
   qkv_features: Optional[int] = None
@@ -78,11 +82,16 @@ class Attention(nn.Module):
   use_bias: bool = False
   kernel_init: Callable[..., Array] = nn.initializers.xavier_uniform()
   bias_init: Callable[..., Array] = nn.initializers.zeros
+  implementation: str = 'xla'
 
   zero_padded_queries: ClassVar[bool] = True
-  rows_on_cpu: ClassVar[bool] = False
+  IMPLEMENTATIONS: ClassVar[tuple[str, ...]] = ('xla',)
 
   def __post_init__(self):
+    if self.implementation not in self.IMPLEMENTATIONS:
+      raise ValueError(
+          f'{type(self).__name__} has no implementation='
+          f'{self.implementation!r}; valid: {self.IMPLEMENTATIONS}.')
     self.check_knobs()
     super().__post_init__()
 
@@ -112,30 +121,10 @@ class Attention(nn.Module):
     Returns:
       `[batch, length, out_features]`; zero at padded positions if
       `zero_padded_queries`.
-
-    With `rows_on_cpu`, a deterministic call without `kwargs` that sows
-    nothing (neither `intermediates` nor `metrics` is mutable) goes through
-    `_attend_by_rows_on_cpu`. Lowered for CPU and not differentiated, it
-    computes `attend` one batch row at a time: XLA:CPU allocates a program's
-    temporary buffer anew at every call, and glibc maps a buffer over 32 MiB
-    afresh, so a whole batch's activations are page-faulted in at every call
-    (`lra_msmra.cpu_malloc`); one row at a time the buffer is a batch's
-    worth smaller. The values are those of the whole-batch call up to
-    float32 rounding: XLA:CPU may order a reduction along the sequence
-    differently for one row than for four. Differentiated, on GPU and TPU,
-    and in a process with several CPU devices (`one_cpu_device`), the whole
-    batch runs at once, unchanged.
     """
     padding_mask = default_padding_mask(x, padding_mask)
-    if (self.rows_on_cpu and deterministic and not kwargs
-        and not self.is_initializing()
-        and not any(self.is_mutable_collection(c)
-                    for c in ('intermediates', 'metrics'))
-        and one_cpu_device()):
-      y = _attend_by_rows_on_cpu(self, x, padding_mask)
-    else:
-      y = self.attend(x, padding_mask=padding_mask,
-                      deterministic=deterministic, **kwargs)
+    y = self.attend(x, padding_mask=padding_mask,
+                    deterministic=deterministic, **kwargs)
     if self.zero_padded_queries:
       y = jnp.where(padding_mask[..., None], y, jnp.zeros((), y.dtype))
     return y
@@ -213,64 +202,6 @@ class Attention(nn.Module):
     return jnp.where(mask, probs / keep, 0.0).astype(probs.dtype)
 
 
-def one_cpu_device() -> bool:
-  """Whether this process has one CPU device, where `rows_on_cpu` loops.
-
-  With several (a CPU mesh, e.g. XLA's forced host device count), the batch
-  may be split over them, and a loop over its rows would gather the whole
-  batch onto every device.
-  """
-  return len(jax.devices('cpu')) == 1
-
-
-def _attend_by_rows_on_cpu(module: Attention, x: Array,
-                           padding_mask: Array) -> Array:
-  """`module.attend(x, ...)`, deterministic; on CPU one batch row at a time
-  unless differentiated (`Attention.rows_on_cpu`).
-
-  The row loop needs `attend` as a pure function of the variables, so it
-  applies an unbound copy of the module to a snapshot of its variables; the
-  parameters and their gradients are the module's own.
-  """
-  detached = module.clone(parent=None)
-
-  def attend(variables, x, padding_mask):
-    return detached.apply(variables, x, padding_mask=padding_mask,
-                          deterministic=True, method='attend')
-  return _by_rows_unless_differentiated(attend, module.variables, x,
-                                        padding_mask)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _by_rows_unless_differentiated(fn, variables, *batched):
-  """`fn(variables, *batched)`, lowered for CPU as a loop over batch rows.
-
-  `fn` must treat rows independently and return `[batch, ...]`. Only the
-  evaluation without differentiation loops: under `jax.grad` / `jax.vjp`
-  the forward rule below runs `fn` on the whole batch, so training computes
-  exactly what it would without this wrapper. GPU and TPU lowerings never
-  loop.
-  """
-  def rows(variables, *batched):
-    def one(row):
-      return fn(variables, *(a[None] for a in row))[0]
-    return jax.lax.map(one, batched)
-  return jax.lax.platform_dependent(variables, *batched, cpu=rows,
-                                    default=fn)
-
-
-def _by_rows_fwd(fn, variables, *batched):
-  return jax.vjp(fn, variables, *batched)
-
-
-def _by_rows_bwd(fn, pullback, cotangent):
-  del fn
-  return pullback(cotangent)
-
-
-_by_rows_unless_differentiated.defvjp(_by_rows_fwd, _by_rows_bwd)
-
-
 def default_padding_mask(x: Array, padding_mask: Optional[Array]) -> Array:
   """Returns `padding_mask` as bool `[batch, length]`, all True if None."""
   if padding_mask is None:
@@ -343,34 +274,6 @@ def _softmax_terms(logits: Sequence[Array], valid: Sequence[Array], axis: int
   for u in unnorm[1:]:
     total = total + u.sum(axis, keepdims=True)
   return unnorm, row_max, jnp.where(total > 0, total, 1.0)
-
-
-def after(anchor: Array, *arrays: Array) -> tuple[Array, ...]:
-  """`arrays`, made to depend on `anchor` (adds 0 * one entry per row).
-
-  XLA's CPU backend drops `lax.optimization_barrier` before scheduling, so
-  work that only reads other values is free to run, or to be merged with an
-  identical computation, long before `anchor` exists, and its full-size
-  results then stay live in between (e.g. a backward pass recomputing
-  forward values before the cotangent arrives). A data dependency on
-  `anchor` keeps it after. On other backends the barrier already does this
-  and the dependency is one small fused add.
-
-  `anchor` and `arrays` share their leading (batch) axis, and row b of each
-  array depends on row b of `anchor` only: under data parallelism every
-  device reads its own rows. (A single entry of the whole `anchor` would
-  cost one cross-device all-reduce per call.) The values are unchanged
-  unless that entry of `anchor`'s row is not finite (then the row becomes
-  NaN).
-  """
-  rows = anchor.shape[0]
-  zero = 0.0 * anchor.reshape(rows, -1)[:, 0]
-  for a in arrays:
-    if a.shape[:1] != (rows,):
-      raise ValueError(f'after: shape {a.shape} does not share the leading '
-                       f'axis of the anchor {anchor.shape}.')
-  return tuple(a + zero.reshape((rows,) + (1,) * (a.ndim - 1)).astype(a.dtype)
-               for a in arrays)
 
 
 def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:

@@ -39,8 +39,9 @@ quadratic in N with the constant r / l, as in the official code. The memory
 layout (not the function) is explained next to the code: the window tiles
 and the joint softmax in `_attend`, its recomputation in the backward pass
 in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
-`_layer_norm_bwd`. Evaluated on CPU, the layer runs one batch row at a time
-(`rows_on_cpu`, `base.Attention.__call__`).
+`_layer_norm_bwd`. `implementation='xla_rows'` evaluates the same code on
+CPU one batch row at a time (`lra_msmra.kernels.cpu_rows`), faster there
+without differentiation (docs/benchmarks.md, "Page faults").
 
 Intermediates (`mutable=['intermediates']`): `projection` (P; bidirectional
 `[B, N, H, r]`, causal `[B, chunks, l, H, r]`), `compressed_keys` (LN_G(K̄);
@@ -69,6 +70,8 @@ import jax
 import jax.numpy as jnp
 
 from lra_msmra.attention import base
+from lra_msmra.kernels import cpu_rows
+from lra_msmra.kernels import xla_layout
 
 Array = jax.Array
 
@@ -114,12 +117,13 @@ def _layer_norm_bwd(residuals, d_y):
   # would stay live from the forward pass to the backward one. The barrier
   # does that where the backend keeps it (TPU, GPU); XLA's CPU backend drops
   # optimization barriers, so the statistics are also made to depend on d_y
-  # (`base.after`, row by row), which only exists in the backward pass. That
-  # saves 32 MiB of temporary memory at N = 4096, D = 256, batch 4.
+  # (`xla_layout.after`, row by row), which only exists in the backward
+  # pass. That saves 32 MiB of temporary memory at N = 4096, D = 256, batch
+  # 4.
   (x, scale, mean, inv_std), d_y = jax.lax.optimization_barrier(
       (residuals, d_y))
   rows = tuple(range(x.ndim - 2))
-  mean, inv_std = base.after(d_y, mean, inv_std)
+  mean, inv_std = xla_layout.after(d_y, mean, inv_std)
   x_hat = (x.astype(jnp.float32) - mean) * inv_std
   d_y = d_y.astype(jnp.float32)
   d_hat = d_y * scale
@@ -379,10 +383,17 @@ class LongShortAttention(base.Attention):
   conv_kernel_size: int = 0
   normalize_before_compress: Optional[bool] = None
 
-  # Evaluation on CPU one batch row at a time (`base.Attention.__call__`):
-  # faster and smaller there, with or without huge pages (docs/benchmarks.md,
-  # "Page faults").
-  rows_on_cpu = True
+  # 'xla_rows' evaluates on CPU one batch row at a time
+  # (`lra_msmra.kernels.cpu_rows`).
+  IMPLEMENTATIONS = ('xla', cpu_rows.IMPLEMENTATION)
+
+  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
+               deterministic: bool = True, **kwargs) -> Array:
+    if (self.implementation == cpu_rows.IMPLEMENTATION
+        and cpu_rows.loops(self, deterministic, kwargs)):
+      return cpu_rows.by_rows(self, x, padding_mask)
+    return super().__call__(x, padding_mask=padding_mask,
+                            deterministic=deterministic, **kwargs)
 
   def check_knobs(self) -> None:
     w, r = self.window_size, self.num_landmarks

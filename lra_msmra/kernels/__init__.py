@@ -1,0 +1,21 @@
+"""How attention is computed, apart from what it computes.
+
+A mechanism (`lra_msmra.attention.<name>`) says what a layer computes: its
+parameters, its masks, its numerics. An implementation says how: which
+operations, fused kernels or memory layout compute that function on a given
+platform. A layer picks one with the contract's field `implementation`
+(`lra_msmra.attention.base.Attention`), set from a config as
+`--config.model.attention_kw.implementation=...`; each mechanism lists the
+ones it has in its class constant `IMPLEMENTATIONS`.
+
+`'xla'` is the mechanism's own code in `lra_msmra.attention`, written with
+jax.numpy and lowered by XLA on every platform. It is the default and the
+numerical reference: every other implementation is tested against it.
+The modules here hold the others and the pieces they share:
+
+* `softmax`: the fused softmax attentions users run on accelerators
+  (`'cudnn'`, `'tpu_flash'`).
+* `cpu_rows`: `'xla_rows'`, the `'xla'` code evaluated on CPU one batch
+  row at a time (an opt-in of `long_short`).
+* `xla_layout`: how the `'xla'` code arranges its memory (`after`).
+"""
