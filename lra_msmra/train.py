@@ -36,7 +36,8 @@ Loop semantics (compare docs/protocol.md §4.3):
   the first line of `log_every_steps`, lines also come after the process's
   steps 1, 10, 100, ... and every `metrics.EARLY_LINE_SECONDS`.
 * Throughput: the model's matmul FLOPs per training step are counted once
-  from its jaxpr (`train_step_flops`); progress lines, metrics.jsonl and
+  from its jaxpr (`train_step_flops`; with the 'xla' attention
+  implementation when another one is configured); progress lines, metrics.jsonl and
   results.json give model TFLOP/s per device, and the model FLOPs
   utilisation (MFU) where `lra_msmra.hardware` knows the device's peak.
 * metrics.jsonl has one training record per `log_every_steps`, averaging
@@ -103,24 +104,30 @@ def model_spec(data: pipeline.TaskData) -> dict[str, Any]:
           'max_len': data.max_len, 'dual': data.dual}
 
 
+# The attention knob that says how a layer is computed
+# (`lra_msmra.kernels`); 'kernel' is an earlier name for it.
+_IMPLEMENTATION_KNOBS = ('implementation', 'kernel')
+
+
 def flops_config(config: ml_collections.ConfigDict
                  ) -> tuple[ml_collections.ConfigDict, Optional[str]]:
-  """The config whose training step's FLOPs are counted, and the kernel it
-  replaces (None if none).
+  """The config whose training step's FLOPs are counted, and the
+  implementation it replaces (None if none).
 
-  An attention kernel other than 'xla' (`model.attention_kw.kernel`, e.g. a
-  Pallas call or cuDNN's fused attention) hides its matmuls from a count
-  over the jaxpr, so the same model is counted with the 'xla' kernel, which
-  computes the same function with plain matmuls.
+  An attention implementation other than 'xla'
+  (`model.attention_kw.implementation`, e.g. a Pallas kernel or cuDNN's
+  fused attention) hides its matmuls from a count over the jaxpr, so the
+  same model is counted with the 'xla' implementation, which computes the
+  same function with plain matmuls.
   """
   kw = config.model.attention_kw
-  kernel = kw.get('kernel', 'xla') if 'kernel' in kw else 'xla'
-  if kernel == 'xla':
+  knob = next((k for k in _IMPLEMENTATION_KNOBS if k in kw), None)
+  if knob is None or kw[knob] == 'xla':
     return config, None
   counted = copy.deepcopy(config)
   with counted.unlocked():
-    counted.model.attention_kw.kernel = 'xla'
-  return counted, kernel
+    counted.model.attention_kw[knob] = 'xla'
+  return counted, kw[knob]
 
 
 def train_step_flops(config: ml_collections.ConfigDict,
@@ -135,8 +142,8 @@ def train_step_flops(config: ml_collections.ConfigDict,
   matmul. Traced from shapes only; nothing runs.
 
   Returns:
-    {'flops': int, 'notes': [str], 'counted_with_kernel': 'xla' or None (None
-    when the configured kernel was counted itself)}.
+    {'flops': int, 'notes': [str]}; a note says when the model was counted
+    with the 'xla' implementation instead of the configured one.
   """
   batch = steps_lib.abstract_batch(spec, config.batch_size, mesh)
   counted, replaced = flops_config(config)
@@ -150,10 +157,9 @@ def train_step_flops(config: ml_collections.ConfigDict,
   result = flops_lib.matmul_flops(fn, abstract_state, batch)
   notes = list(result['notes'])
   if replaced is not None:
-    notes.append(f"counted with kernel 'xla': kernel {replaced!r} hides its "
-                 'matmuls from the count')
-  return {'flops': int(result['flops']), 'notes': notes,
-          'counted_with_kernel': 'xla' if replaced is not None else None}
+    notes.append(f"counted with implementation 'xla': {replaced!r} hides "
+                 'its matmuls from the count')
+  return {'flops': int(result['flops']), 'notes': notes}
 
 
 def num_eval_batches(source: pipeline.Source, batch_size: int,

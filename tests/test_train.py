@@ -99,15 +99,20 @@ def test_model_flops_of_the_training_step(finished_run):
   assert not any('train/mfu' in r for r in _metrics(workdir))
 
 
-def test_flops_are_counted_with_the_xla_kernel():
+def test_flops_are_counted_with_the_xla_implementation():
   config = helpers.tiny_listops_config()
   assert train.flops_config(config) == (config, None)
   with config.unlocked():
-    config.model.attention_kw.kernel = 'pallas'
+    config.model.attention_kw.implementation = 'pallas'
   counted, replaced = train.flops_config(config)
   assert replaced == 'pallas'
-  assert counted.model.attention_kw.kernel == 'xla'
-  assert config.model.attention_kw.kernel == 'pallas'  # Left as it was.
+  assert counted.model.attention_kw.implementation == 'xla'
+  # Left as it was.
+  assert config.model.attention_kw.implementation == 'pallas'
+  # Performer's own `kernel` knob (its feature map) is not an implementation.
+  with config.unlocked():
+    config.model.attention_kw = {'kernel': 'relu'}
+  assert train.flops_config(config) == (config, None)
 
 
 def test_mfu_in_results_needs_a_known_peak_and_one_kind_of_device():
