@@ -104,11 +104,6 @@ def model_spec(data: pipeline.TaskData) -> dict[str, Any]:
           'max_len': data.max_len, 'dual': data.dual}
 
 
-# The attention knob that says how a layer is computed
-# (`lra_msmra.kernels`); 'kernel' is an earlier name for it.
-_IMPLEMENTATION_KNOBS = ('implementation', 'kernel')
-
-
 def flops_config(config: ml_collections.ConfigDict
                  ) -> tuple[ml_collections.ConfigDict, Optional[str]]:
   """The config whose training step's FLOPs are counted, and the
@@ -118,16 +113,17 @@ def flops_config(config: ml_collections.ConfigDict
   (`model.attention_kw.implementation`, e.g. a Pallas kernel or cuDNN's
   fused attention) hides its matmuls from a count over the jaxpr, so the
   same model is counted with the 'xla' implementation, which computes the
-  same function with plain matmuls.
+  same function with plain matmuls. (Performer's own `kernel` knob is its
+  feature map, not an implementation.)
   """
   kw = config.model.attention_kw
-  knob = next((k for k in _IMPLEMENTATION_KNOBS if k in kw), None)
-  if knob is None or kw[knob] == 'xla':
+  implementation = kw.get('implementation', 'xla')
+  if implementation == 'xla':
     return config, None
   counted = copy.deepcopy(config)
   with counted.unlocked():
-    counted.model.attention_kw[knob] = 'xla'
-  return counted, kw[knob]
+    counted.model.attention_kw.implementation = 'xla'
+  return counted, implementation
 
 
 def train_step_flops(config: ml_collections.ConfigDict,
