@@ -24,8 +24,12 @@ without holding Python's lock), so the machine's cores compile in parallel.
 When every worker has compiled (or at `--compile_share` of the budget),
 the workers time their points one worker at a time, so that only one
 program runs on the device at any moment; a worker exits after its turn,
-which frees its device memory for the next. Each turn gets an equal share
-of the time left; a worker that finishes early leaves its time to the next.
+which frees its device memory for the next. Each turn gets a share of the
+time left in proportion to the worker's compiled points (a training step
+counting as `TRAIN_POINT_WEIGHT` layer points); a worker that finishes
+early leaves its time to the next. Parameters, inputs and training states
+are made on the device by programs compiled in the first phase too, so
+nothing compiles while points are timed.
 
 Per point:
 
@@ -72,6 +76,7 @@ import dataclasses
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -372,15 +377,15 @@ class Point:
     length: the length, for predictions along the chain.
     lower: () -> (lowered program, extra record fields); raises
       NotAvailable.
-    init_key: key of the program that makes the point's state.
-    make_call: (state, compiled) -> a function that runs one call.
+    make_call: (run_init, compiled) -> a function that runs one call;
+      `run_init(key)` runs the compiled program `key` of `_Inits` (the
+      point's parameters, inputs or state, made on the device).
   """
   record: dict[str, Any]
   chain: tuple[Any, ...]
   length: int
   lower: Callable[[], tuple[Any, dict[str, Any]]]
-  init_key: Any
-  make_call: Callable[[Any, Any], Callable[[], Any]]
+  make_call: Callable[[Callable[[Any], Any], Any], Callable[[], Any]]
   compiled: Any = None
 
 
@@ -394,8 +399,9 @@ def point_key(rec: dict[str, Any]) -> str:
 
 
 class _Inits:
-  """The programs that make points' states, lowered and compiled once per
-  key on the compile pool (e.g. one parameter init per length)."""
+  """The programs that make points' parameters, inputs or states, each
+  traced once per key and compiled on the compile pool (e.g. one
+  parameter init per length), so that timing compiles nothing."""
 
   def __init__(self, pool: concurrent.futures.Executor):
     self._pool = pool
@@ -412,8 +418,10 @@ class _Inits:
       self._futures[key] = self._pool.submit(lowered.compile)
     return self._lowered[key].out_info
 
-  def compiled(self, key: Any) -> Any:
-    return self._futures[key].result()
+  def run(self, key: Any) -> Any:
+    """Runs the compiled program of `key` (its argument: a PRNG key)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    return self._futures[key].result()(jax.random.PRNGKey(0))
 
 
 def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
@@ -485,18 +493,28 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
     extra = {'flops': flops(setting, length, implementation, trace),
              'flops_from': REFERENCE, 'bytes': moved['bytes'],
              'bytes_parts': moved['parts'], 'param_bytes': param_nbytes}
+    inputs_key(setting, length)
     return trace.lower(), extra
 
-  def make_call(setting: Setting, length: int):
-    def call(variables, compiled):
-      key = jax.random.PRNGKey(1)
-      shape = (setting.batch, length, features)
-      x = jax.random.normal(key, shape, jnp.float32).astype(setting.dtype)
-      mask = jnp.ones(shape[:2], bool)
+  def inputs_key(setting: Setting, length: int):
+    """The key of the program that makes x, the mask and the cotangent."""
+    key = ('inputs', setting.batch, length, setting.dtype)
+    shape = (setting.batch, length, features)
+
+    def inputs(rng):
+      kx, kg = jax.random.split(rng)
+      return (jax.random.normal(kx, shape, jnp.float32).astype(setting.dtype),
+              jnp.ones(shape[:2], bool),
+              jax.random.normal(kg, shape, jnp.float32).astype(setting.dtype))
+    inits.trace(key, lambda: jax.jit(inputs).trace(jax.random.PRNGKey(0)))
+    return key
+
+  def make_call(implementation: str, setting: Setting, length: int):
+    def call(run_init, compiled):
+      variables = run_init((implementation, length))
+      x, mask, g = run_init(inputs_key(setting, length))
       args = ({'params': variables['params']}, x, mask)
       if setting.mode == 'fwd_bwd':
-        g = jax.random.normal(jax.random.PRNGKey(2), shape,
-                              jnp.float32).astype(setting.dtype)
         args += (g,)
       return lambda: compiled(*args)
     return call
@@ -515,7 +533,7 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
         points.append(Point(
             rec, (implementation, setting), length,
             lambda i=implementation, s=setting, n=length: lower(i, s, n),
-            (implementation, length), make_call(setting, length)))
+            make_call(implementation, setting, length)))
   return points
 
 
@@ -595,7 +613,8 @@ def _train_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
     return trace.lower(), extra
 
   def make_call(implementation: str, dtype: str):
-    def call(state, compiled):
+    def call(run_init, compiled):
+      state = run_init((implementation, dtype))
       batch_size, spec = shapes[(implementation, dtype)]
       rng = np.random.default_rng(0)
       shape = (batch_size, spec['max_len'])
@@ -624,7 +643,7 @@ def _train_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
       points.append(Point(
           rec, (implementation, dtype), 0,
           lambda i=implementation, d=dtype: lower(i, d),
-          (implementation, dtype), make_call(implementation, dtype)))
+          make_call(implementation, dtype)))
   return points
 
 
@@ -682,12 +701,19 @@ def _compile(lowered: Any) -> tuple[Any, float]:
 
 
 def _compile_phase(points: list[Point], pool, chains: _Chains, *,
-                   deadline: float, budget: Optional[float]) -> None:
-  """Lowers every point (in this thread) and compiles it on `pool`, each
-  chain from short to long; records what does not get compiled."""
+                   threads: int, deadline: float,
+                   budget: Optional[float]) -> None:
+  """Lowers every point (in this thread) and compiles it on `pool`.
+
+  Each chain goes from short to long, one point in flight at a time; at
+  most `threads` chains are in flight, the most important first (the
+  order of `points`), so that what the deadline cuts is the least
+  important. Records what does not get compiled.
+  """
   by_chain: dict[Any, collections.deque] = {}
   for p in points:
     by_chain.setdefault(p.chain, collections.deque()).append(p)
+  order = list(by_chain)  # Chains not yet exhausted, most important first.
   active: dict[concurrent.futures.Future, Point] = {}
 
   def finish(p: Point, status: str, reason: str) -> None:
@@ -695,7 +721,8 @@ def _compile_phase(points: list[Point], pool, chains: _Chains, *,
     chains.stop(p, p.record)
     _emit('record', record=p.record)
 
-  def submit_next(chain: Any) -> None:
+  def submit_next(chain: Any) -> bool:
+    """Submits the chain's next point to compile; False if none is left."""
     todo = by_chain[chain]
     while todo:
       p = todo.popleft()
@@ -723,10 +750,18 @@ def _compile_phase(points: list[Point], pool, chains: _Chains, *,
         continue
       p.record.update(extra)
       active[pool.submit(_compile, lowered)] = p
-      return
+      return True
+    return False
 
-  for chain in by_chain:
-    submit_next(chain)
+  def fill() -> None:
+    running = {p.chain for p in active.values()}
+    for chain in list(order):
+      if len(active) >= threads:
+        return
+      if chain not in running and not submit_next(chain):
+        order.remove(chain)
+
+  fill()
   while active:
     done, _ = concurrent.futures.wait(
         active, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -747,7 +782,7 @@ def _compile_phase(points: list[Point], pool, chains: _Chains, *,
           p.compiled = None
           finish(p, 'does not fit', f'XLA assigns {peak / memory.GIB:.1f} '
                  f'GiB > budget {budget / memory.GIB:.1f} GiB')
-      submit_next(p.chain)
+    fill()
 
 
 def _time_phase(points: list[Point], inits: _Inits, chains: _Chains, *,
@@ -778,9 +813,7 @@ def _time_phase(points: list[Point], inits: _Inits, chains: _Chains, *,
       continue
     _emit('start', key=point_key(rec))
     try:
-      state = inits.compiled(p.init_key)(jax.random.PRNGKey(0))
-      call = p.make_call(state, p.compiled)
-      del state
+      call = p.make_call(inits.run, p.compiled)
       timing = workers.time_calls(
           call, jax.block_until_ready, warmup=payload['warmup'],
           repeats=payload['repeats'],
@@ -834,8 +867,8 @@ def worker_main(payload: dict[str, Any]) -> None:
     _emit('fatal', reason=f'{type(e).__name__}: {str(e)[:1500]}')
     return
   _emit('plan', records=[p.record for p in points])
-  _compile_phase(points, pool, chains, deadline=payload['compile_deadline'],
-                 budget=budget)
+  _compile_phase(points, pool, chains, threads=payload['compile_threads'],
+                 deadline=payload['compile_deadline'], budget=budget)
   info = dict(environment.jax_device_info(), jax_version=jax.__version__,
               jaxlib_version=jaxlib.__version__)
   _emit('ready', device=info, memory_at_start=stats,
@@ -945,6 +978,17 @@ def _stop(worker: _Worker) -> None:
     pass
 
 
+# A training step takes about as long to time as this many layer points.
+TRAIN_POINT_WEIGHT = 3
+
+
+def _weight(worker: _Worker) -> int:
+  """A worker's claim on the timing phase: its compiled points."""
+  points = max(1, worker.info.get('compiled', 0))
+  return points * (TRAIN_POINT_WEIGHT if worker.variant.kind == 'train'
+                   else 1)
+
+
 def _kill(worker: _Worker, status: str, reason: str) -> None:
   """Stops a worker and records its unfinished points as `status`."""
   _stop(worker)
@@ -1013,12 +1057,13 @@ def run(args: argparse.Namespace, argv: Sequence[str],
               + ', '.join(f'{w.label}: {w.state}' for w in pool))
   snapshot('compile')
 
-  # Timing phase: one worker at a time, each an equal share of what is left.
+  # Timing phase: one worker at a time, each a share of what is left.
   for i, w in enumerate(pool):
     if w.state != 'ready':
       continue
-    left = sum(x.state == 'ready' for x in pool[i:])
-    until = time.time() + (time_deadline - time.time()) / left
+    weights = [_weight(x) for x in pool[i:] if x.state == 'ready']
+    until = time.time() + (time_deadline - time.time()) * (
+        weights[0] / sum(weights))
     w.proc.stdin.write(json.dumps({'time_until': until}) + '\n')
     w.proc.stdin.flush()
     w.state = 'timing'
@@ -1080,17 +1125,29 @@ def main(argv: Sequence[str]) -> None:
   args = parse_args(argv[1:])
   os.makedirs(args.out, exist_ok=True)
   json_path = os.path.join(args.out, 'device.json')
+  last: dict[str, Any] = {}
 
   def write(report):
-    outputs.write_json(json_path, device_report.derive(report))
+    last['report'] = device_report.derive(report)
+    outputs.write_json(json_path, last['report'])
 
-  report = run(args, argv, write)
-  report = device_report.derive(report)
-  outputs.write_json(json_path, report)
-  device_report.write_outputs(report, args.out)
-  counts = collections.Counter(r['status'] for r in report['records'])
-  workers.log(f'Wrote device.json, device.md and device.png to {args.out}: '
-              + ', '.join(f'{n} {s}' for s, n in counts.most_common()))
+  def terminate(signum, frame):
+    del frame
+    raise SystemExit(f'stopped by signal {signum}')
+
+  # A SIGTERM (e.g. from `timeout`) still leaves the report of what was
+  # measured: the JSON is rewritten after every worker's turn.
+  signal.signal(signal.SIGTERM, terminate)
+  try:
+    write(run(args, argv, write))
+  finally:
+    if 'report' in last:
+      device_report.write_outputs(last['report'], args.out)
+      counts = collections.Counter(r['status']
+                                   for r in last['report']['records'])
+      workers.log(f'Wrote device.json, device.md and device.png to '
+                  f'{args.out}: ' + ', '.join(
+                      f'{n} {s}' for s, n in counts.most_common()))
 
 
 if __name__ == '__main__':

@@ -104,9 +104,12 @@ def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 def peaks(report: Mapping[str, Any]) -> dict[str, Optional[hardware.Peak]]:
   """dtype -> the device's `hardware.Peak` (None if unknown)."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
   kind = (report.get('device') or {}).get('device_kind', '')
   dtypes = {r['dtype'] for r in report['records'] if 'dtype' in r}
-  return {d: hardware.peak(kind, d) for d in sorted(dtypes)}
+  # Named through ml_dtypes, which numpy alone does not know bfloat16 from.
+  return {d: hardware.peak(kind, getattr(ml_dtypes, d, d))
+          for d in sorted(dtypes)}
 
 
 def derive(report: dict[str, Any]) -> dict[str, Any]:
