@@ -7,12 +7,16 @@ devices or the data folder) raises with the config key in the message.
 
 import re
 
+from absl import flags
+import jax.numpy as jnp
 import ml_collections
+from ml_collections import config_flags
 import pytest
 
 from lra_msmra import main as main_lib
 from lra_msmra import train
 from lra_msmra import validation
+from lra_msmra.kernels import softmax as fused_softmax
 from tests import helpers
 
 
@@ -68,6 +72,22 @@ CASES = {
         {'model.attention': 'cst', 'model.attention_kw': {'slice_length': 0},
          'model.pos_emb': 'none'},
         'config.model.attention_kw'),
+    'unknown_implementation': (
+        {'model.attention_kw': {'implementation': 'cuda'}},
+        "config.model.attention_kw of 'softmax' (SoftmaxAttention): "
+        "SoftmaxAttention has no implementation='cuda'; valid: ('xla', "
+        "'cudnn', 'tpu_flash')."),
+    'implementation_of_another_mechanism': (
+        {'model.attention': 'cst', 'model.pos_emb': 'none',
+         'model.attention_kw': {'implementation': 'xla_rows'}},
+        "CompositeSliceAttention has no implementation='xla_rows'"),
+    'fused_softmax_with_attention_dropout': (
+        {'model.attention_kw': {'implementation': 'tpu_flash'}},
+        'config.model.attention_dropout_rate=0'),
+    'cudnn_in_float32': (
+        {'model.attention_kw': {'implementation': 'cudnn'},
+         'model.attention_dropout_rate': 0.0},
+        "config.model.dtype='bfloat16'"),
     'knob_of_another_variant': (
         {'model.attention': 'combiner',
          'model.attention_kw': {'variant': 'fixed', 'row_length': 4}},
@@ -123,6 +143,43 @@ def test_bad_config_names_the_key(overrides, expected):
 
 def test_tiny_config_is_valid():
   validation.validate(_config())
+
+
+def test_implementation_from_the_command_line_reaches_the_layers(
+    monkeypatch):
+  # The key exists in every config (config_lib.attention_kw), so the command
+  # line can override it; validation traces the model, whose softmax layers
+  # then call the fused kernel (replaced here by a spy: it cannot run on the
+  # CPU).
+  values = flag_values_for(['--config.model.attention_kw.implementation='
+                            'tpu_flash', '--config.model.dtype=bfloat16',
+                            '--config.model.attention_dropout_rate=0'])
+  config = values.config
+  assert config.model.attention_kw.implementation == 'tpu_flash'
+  calls = []
+
+  def spy(q, k, v, padding_mask, *, causal, scale):
+    calls.append((q.shape, q.dtype, padding_mask.shape, causal, scale))
+    return jnp.zeros_like(v)
+  monkeypatch.setattr(fused_softmax, 'tpu_flash_attention', spy)
+  validation.validate(config)
+  heads, width = config.model.num_heads, config.model.qkv_dim
+  assert len(calls) == config.model.num_layers
+  shape, dtype, _, causal, scale = calls[0]
+  assert (shape[2:], dtype, causal) == ((heads, width // heads),
+                                        jnp.bfloat16, False)
+  assert scale == pytest.approx((width // heads) ** -0.5)
+
+
+def flag_values_for(overrides):
+  """The tiny ListOps config parsed as the command line does."""
+  argv = ['prog', '--config=tests/configs/tiny_listops.py', *overrides]
+  values = flags.FlagValues()
+  # The override flags are those of the config that `sys_argv` names.
+  config_flags.DEFINE_config_file('config', flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values
 
 
 def test_length_that_a_mechanism_cannot_use_fails_in_validation():

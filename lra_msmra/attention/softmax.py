@@ -20,6 +20,14 @@ LRA. We keep it because the LRA protocol reads those rows: MEAN pooling
 averages over padded positions (P9), and a black first pixel masks the CLS
 query that Image pools on (P8). Real outputs never read them.
 docs/mechanisms/softmax.md §2 and §3.2 give the details.
+
+Implementations (the field `implementation`, `lra_msmra.kernels`): `'xla'`
+is the code below, the LRA numerics and the default. `'cudnn'` (NVIDIA
+GPUs, bfloat16 or float16) and `'tpu_flash'` (Cloud TPUs) compute the same
+attention with a fused flash attention (`lra_msmra.kernels.softmax`), with
+two differences: padded query rows are zero, as for every other mechanism,
+and there is no attention dropout (a layer with `dropout_rate > 0` is
+refused).
 """
 
 from __future__ import annotations
@@ -29,13 +37,21 @@ import jax
 import jax.numpy as jnp
 
 from lra_msmra.attention import base
+from lra_msmra.kernels import softmax as fused
 
 
 class SoftmaxAttention(base.Attention):
   """Full softmax attention, O(N^2) time and memory (see module docstring)."""
 
-  # LRA's values at padded queries (see the module docstring).
+  # LRA's values at padded queries (see the module docstring); the fused
+  # implementations zero them in `attend`.
   zero_padded_queries = False
+  IMPLEMENTATIONS = ('xla',) + fused.IMPLEMENTATIONS
+
+  def check_knobs(self) -> None:
+    if self.implementation != 'xla':
+      fused.check(self.implementation, dtype=self.dtype,
+                  dropout_rate=self.dropout_rate)
 
   @nn.compact
   def attend(self, x: jax.Array, *, padding_mask: jax.Array,
@@ -45,6 +61,12 @@ class SoftmaxAttention(base.Attention):
     q = self.projection(head_dim, 'query')(x)
     k = self.projection(head_dim, 'key')(x)
     v = self.projection(head_dim, 'value')(x)
+    if self.implementation != 'xla':
+      y = fused.attention(self.implementation, q, k, v, padding_mask,
+                          causal=self.causal, scale=head_dim ** -0.5)
+      y = self.output_projection(out_features)(y)
+      # The padded-row rule of the other mechanisms, output biases included.
+      return jnp.where(padding_mask[..., None], y, jnp.zeros((), y.dtype))
     q = q / jnp.sqrt(head_dim).astype(self.dtype)
     # [batch, heads, q_len, k_len], accumulated and normalised in float32.
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,

@@ -1,10 +1,12 @@
-"""Numerics helpers shared by the mechanisms (lra_msmra/attention/base.py)."""
+"""The contract's shared pieces (lra_msmra/attention/base.py): numerics
+helpers and the `implementation` field."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_msmra import attention
 from lra_msmra.attention import base
 
 
@@ -72,3 +74,17 @@ def test_blocked_attention_with_fewer_queries_than_keys():
       _dense_attention(q, k, v, key_valid, False), atol=1e-5)
   with pytest.raises(ValueError, match='as many queries as keys'):
     base.blocked_attention(q, k, v, key_valid, causal=True)
+
+
+@pytest.mark.parametrize('name', sorted(attention.REGISTRY))
+def test_every_mechanism_has_the_xla_implementation(name):
+  cls = attention.REGISTRY[name]
+  assert cls.IMPLEMENTATIONS[0] == 'xla'
+  assert cls(num_heads=2).implementation == 'xla'
+  cls(num_heads=2, implementation='xla')
+  with pytest.raises(ValueError) as e:
+    cls(num_heads=2, implementation='cuda')
+  message = str(e.value)
+  assert '\n' not in message
+  assert message == (f"{cls.__name__} has no implementation='cuda'; valid: "
+                     f'{cls.IMPLEMENTATIONS}.')
