@@ -1,0 +1,539 @@
+"""AdaMRA's routed multi-resolution heads (query side) as Pallas kernels.
+
+The mechanism (`lra_msmra.attention.adamra`, docs/mechanisms/adamra.md)
+sends every query to one of H resolution heads. Each head h has, per subhead
+s, small summaries of its landmarks, KV_hs = sum_j phi(k_j) v_j^T `[d, d]`
+and z_hs = sum_j phi(k_j) `[d]` (computed in XLA: reductions to tiny arrays).
+This module computes, for every query i routed to head h = choice_i,
+
+    pre_s = q_i W_hs + b_hs   (per-head maps, `'stacked'`), or the given
+                              subhead query q_is (maps shared by heads),
+    y_is  = gate_ih * (phi(pre_s) KV_hs) / (phi(pre_s) . z_hs + epsilon),
+
+in one pass over tiles of `block` queries: one program per (batch row,
+query tile) projects its queries with every head's map (stacked), keeps each
+query's routed head by a select, applies the feature map and the routed
+head's summaries, which stay in VMEM / shared memory, and normalises. Nothing
+of size H x N reaches memory; stacked, the routed pre-activations are kept
+for the backward pass (`[B, S, N, d]`, the size of the output).
+
+The backward pass (`jax.custom_vjp`) is two kernels:
+
+* one per query tile: the cotangents of the pre-activations (and, stacked,
+  of the first-stage queries, summed over heads and subheads in the kernel)
+  and of the gate;
+* one per (batch row, head, subhead, chunk of query tiles): the cotangents
+  of KV_hs and z_hs summed over the chunk's queries routed to h (the chunks'
+  partial sums are added in XLA).
+
+The per-head maps' gradients, sums over all queries of q_i^T dpre_i per
+head, are H large matrix products left to XLA.
+
+The gate's cotangent is that of y = sum_h gate_h y_h masked to the routed
+head; with `all_gate_gradients` (the straight-through router) every head's
+share <y_h, dy> is returned, unrouted heads included, as
+`adamra._tap_gate_gradient` does.
+
+The queries are read in the heads-major layout `[batch, S, N, d]` (stacked:
+the first-stage `[batch, N, F]`), per-query values as columns `[N, 1]`; head
+dims below 16 or not powers of two are zero-padded (Triton's products need
+16), which changes nothing: padded features meet zero rows of KV and z. The
+kernels run on every platform through `flash._on_every_platform` (Triton on
+NVIDIA GPUs, Mosaic on TPUs, the interpreter on the CPU). `reference` is
+the same function in plain XLA.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+import jax.numpy as jnp
+
+from lra_msmra.kernels import flash
+
+Array = jax.Array
+
+FEATURE_MAPS = ('relu', 'elu_plus_one')
+DEFAULT_BLOCK = flash.DEFAULT_BLOCK
+# Query tiles summed by one program of the summary-gradient kernel (at most;
+# a divisor of the number of tiles).
+CHUNK_TILES = 16
+
+
+class _Static(NamedTuple):
+  """Everything static about one call."""
+  block: int
+  heads: int
+  subheads: int
+  feature_map: str
+  epsilon: float
+  stacked: bool
+  has_bias: bool
+  all_gate_gradients: bool
+  chunk: int  # query tiles per program of the summary-gradient kernel
+
+
+# -- the kernel bodies -------------------------------------------------------
+
+
+def _feature(pre: Array, feature_map: str) -> Array:
+  """phi of float32 pre-activations (`adamra._feature`)."""
+  if feature_map == 'relu':
+    return jnp.maximum(pre, 0.0)
+  return jnp.where(pre > 0, pre + 1.0, jnp.exp(jnp.minimum(pre, 0.0)))
+
+
+def _slope(pre: Array, feature_map: str) -> Array:
+  """phi'(pre): ReLU's is 1 where pre > 0 (as `adamra._relu`), ELU + 1's
+  exp(pre) below 0."""
+  if feature_map == 'relu':
+    return jnp.where(pre > 0, 1.0, 0.0)
+  return jnp.where(pre > 0, 1.0, jnp.exp(jnp.minimum(pre, 0.0)))
+
+
+def _project(q: Array, w_ref, b_ref, h: int, s: int, dtype) -> Array:
+  """Head h's subhead-s query map, rounded as the XLA projection is."""
+  pre = flash._dot(q, w_ref[h, s], 1, 0).astype(dtype)  # pylint: disable=protected-access
+  if b_ref is not None:
+    pre = pre + b_ref[h, s].astype(dtype)
+  return pre
+
+
+def _routed_gate(choice: Array, gate_ref, heads: int) -> Array:
+  """The routed head's gate, a column `[t, 1]`."""
+  g = jnp.zeros(choice.shape, jnp.float32)
+  for h in range(heads):
+    g = jnp.where(choice == h, gate_ref[h], g)
+  return g
+
+
+def _split(refs, static: _Static, names: tuple[str, ...]) -> dict:
+  """Names the refs of a kernel; `w` and `b` only where they are passed."""
+  refs, out = list(refs), {}
+  for name in names:
+    if name in ('w', 'pre') and not static.stacked:
+      out[name] = None
+    elif name == 'b' and not (static.stacked and static.has_bias):
+      out[name] = None
+    elif name == 'd_q' and not static.stacked:
+      out[name] = None
+    else:
+      out[name] = refs.pop(0)
+  assert not refs, refs
+  return out
+
+
+_FORWARD_REFS = ('q', 'w', 'b', 'kv', 'z', 'choice', 'gate', 'y', 'pre')
+
+
+def _forward_kernel(*refs, static: _Static):
+  """One query tile: route, project, features, summaries, normalise."""
+  r = _split(refs, static, _FORWARD_REFS)
+  choice = r['choice'][...]
+  g = _routed_gate(choice, r['gate'], static.heads)
+  q = r['q'][...] if static.stacked else None
+  for s in range(static.subheads):
+    pre_shared = None if static.stacked else r['q'][s]
+    num = den = pre_sel = None
+    for h in range(static.heads):
+      pre = (_project(q, r['w'], r['b'], h, s, r['y'].dtype)
+             if static.stacked else pre_shared)
+      phi = _feature(pre.astype(jnp.float32), static.feature_map)
+      num_h = flash._dot(phi, r['kv'][h, s], 1, 0)  # pylint: disable=protected-access
+      den_h = jnp.sum(phi * r['z'][h, s], axis=1, keepdims=True)
+      mine = choice == h
+      if num is None:  # Queries routed nowhere (tile padding) get head 0's.
+        num, den = num_h, den_h
+        pre_sel = pre if static.stacked else None
+      else:
+        num = jnp.where(mine, num_h, num)
+        den = jnp.where(mine, den_h, den)
+        if static.stacked:
+          pre_sel = jnp.where(mine, pre, pre_sel)
+    # As the XLA code: gate / (den + eps), times the numerator.
+    r['y'][s] = (num * (g / (den + static.epsilon))).astype(r['y'].dtype)
+    if static.stacked:
+      r['pre'][s] = pre_sel.astype(r['pre'].dtype)
+
+
+_DQ_REFS = ('q', 'pre', 'w', 'b', 'kv', 'z', 'choice', 'gate', 'dy',
+            'd_pre', 'd_q', 'd_gate')
+
+
+def _dq_kernel(*refs, static: _Static):
+  """One query tile: cotangents of the pre-activations, queries and gate."""
+  r = _split(refs, static, _DQ_REFS)
+  choice = r['choice'][...]
+  g = _routed_gate(choice, r['gate'], static.heads)
+  eps = static.epsilon
+  q = r['q'][...] if static.stacked else None
+  own_heads = static.stacked and static.all_gate_gradients
+  terms = [jnp.zeros(choice.shape, jnp.float32) for _ in range(static.heads)]
+  d_q = (jnp.zeros(q.shape, jnp.float32) if static.stacked else None)
+  for s in range(static.subheads):
+    pre = (r['pre'][s] if static.stacked else r['q'][s]).astype(jnp.float32)
+    phi = _feature(pre, static.feature_map)
+    dy = r['dy'][s].astype(jnp.float32)
+    num = den = z_sel = kv_dy = None
+    for h in range(static.heads):
+      kv, z = r['kv'][h, s], r['z'][h, s]
+      mine = choice == h
+      # Head h's value at every query: its own queries for the
+      # straight-through gate's share, else the routed queries (only read
+      # where routed to h).
+      phi_h = (_feature(_project(q, r['w'], r['b'], h, s, r['q'].dtype
+                                 ).astype(jnp.float32), static.feature_map)
+               if own_heads else phi)
+      num_h = flash._dot(phi_h, kv, 1, 0)  # pylint: disable=protected-access
+      den_h = jnp.sum(phi_h * z, axis=1, keepdims=True)
+      terms[h] = terms[h] + (jnp.sum(num_h * dy, axis=1, keepdims=True)
+                             / (den_h + eps))
+      kv_dy_h = flash._dot(dy, kv, 1, 1)  # pylint: disable=protected-access
+      z_h = jnp.broadcast_to(z, phi.shape)
+      if num is None:
+        num, den, z_sel, kv_dy = num_h, den_h, z_h, kv_dy_h
+      else:
+        num = jnp.where(mine, num_h, num)
+        den = jnp.where(mine, den_h, den)
+        z_sel = jnp.where(mine, z_h, z_sel)
+        kv_dy = jnp.where(mine, kv_dy_h, kv_dy)
+    inv = 1.0 / (den + eps)
+    ratio = g * inv
+    # y = num * ratio: d_num = dy * ratio, d_den = -<num, dy> g / (den+eps)^2.
+    d_den = -jnp.sum(num * dy, axis=1, keepdims=True) * ratio * inv
+    d_phi = kv_dy * ratio + d_den * z_sel
+    d_pre = d_phi * _slope(pre, static.feature_map)
+    r['d_pre'][s] = d_pre.astype(r['d_pre'].dtype)
+    if static.stacked:
+      for h in range(static.heads):
+        d_pre_h = jnp.where(choice == h, d_pre, 0.0).astype(r['w'].dtype)
+        d_q = d_q + flash._dot(d_pre_h, r['w'][h, s], 1, 1)  # pylint: disable=protected-access
+  for h in range(static.heads):
+    term = terms[h]
+    if not static.all_gate_gradients:
+      term = jnp.where(choice == h, term, 0.0)
+    r['d_gate'][h] = term
+  if static.stacked:
+    r['d_q'][...] = d_q.astype(r['d_q'].dtype)
+
+
+def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
+                         d_kv_ref, d_z_ref, *, static: _Static):
+  """d KV_hs and d z_hs over one chunk of query tiles (those routed to h)."""
+  t = static.block
+  h = pl.program_id(1)
+  kv, z = kv_ref[...], z_ref[...]
+  eps = static.epsilon
+
+  def body(tile, carry):
+    d_kv, d_z = carry
+    r0 = pl.multiple_of(tile * t, t)
+    pre = pre_ref[pl.ds(r0, t), :].astype(jnp.float32)
+    phi = _feature(pre, static.feature_map)
+    dy = dy_ref[pl.ds(r0, t), :].astype(jnp.float32)
+    mine = choice_ref[pl.ds(r0, t), :] == h
+    inv = 1.0 / (jnp.sum(phi * z, axis=1, keepdims=True) + eps)
+    ratio = gate_ref[pl.ds(r0, t), :] * inv
+    d_num = jnp.where(mine, dy * ratio, 0.0)
+    num = flash._dot(phi, kv, 1, 0)  # pylint: disable=protected-access
+    d_den = jnp.where(
+        mine, -jnp.sum(num * dy, axis=1, keepdims=True) * ratio * inv, 0.0)
+    d_kv = d_kv + flash._dot(phi, d_num, 0, 0)  # pylint: disable=protected-access
+    d_z = d_z + jnp.sum(phi * d_den, axis=0, keepdims=True)
+    return d_kv, d_z
+
+  d_kv, d_z = lax.fori_loop(
+      0, static.chunk, body,
+      (jnp.zeros(kv.shape, jnp.float32), jnp.zeros(z.shape, jnp.float32)))
+  d_kv_ref[...] = d_kv
+  d_z_ref[...] = d_z
+
+
+# -- pallas_call plumbing ----------------------------------------------------
+
+
+def _whole(shape: tuple[int, ...]):
+  """An operand every program reads whole (weights)."""
+  return pl.BlockSpec(shape, lambda b, x: (0,) * len(shape))
+
+
+def _batch_whole(shape: tuple[int, ...]):
+  """One batch row's whole slice of `[batch, *shape]` (summaries)."""
+  return pl.BlockSpec((None,) + shape,
+                      lambda b, x: (b,) + (0,) * len(shape))
+
+
+def _rows(lead: tuple[int, ...], t: int, width: int):
+  """One tile of `t` rows of `[batch, *lead, n, width]`."""
+  return pl.BlockSpec((None,) + lead + (t, width),
+                      lambda b, x: (b,) + (0,) * len(lead) + (x, 0))
+
+
+def _tile_args(static: _Static, q, w, b, kv, z, choice, gate):
+  """Operands of the per-tile kernels (forward, dq) and their specs."""
+  t = static.block
+  if static.stacked:
+    q_spec = _rows((), t, q.shape[2])
+  else:
+    q_spec = _rows((static.subheads,), t, q.shape[3])
+  args, specs = [q], [q_spec]
+  if static.stacked:
+    args.append(w)
+    specs.append(_whole(w.shape))
+    if static.has_bias:
+      args.append(b)
+      specs.append(_whole(b.shape))
+  args += [kv, z, choice, gate]
+  specs += [_batch_whole(kv.shape[1:]), _batch_whole(z.shape[1:]),
+            _rows((), t, 1), _rows((static.heads,), t, 1)]
+  return args, specs
+
+
+def _forward(static: _Static, q, w, b, kv, z, choice, gate):
+  batch, n = choice.shape[:2]
+  t, s_, d = static.block, static.subheads, kv.shape[-1]
+  dtype = q.dtype
+  args, specs = _tile_args(static, q, w, b, kv, z, choice, gate)
+  out_shape = [jax.ShapeDtypeStruct((batch, s_, n, d), dtype)]
+  out_specs = [_rows((s_,), t, d)]
+  if static.stacked:
+    out_shape.append(jax.ShapeDtypeStruct((batch, s_, n, d), dtype))
+    out_specs.append(_rows((s_,), t, d))
+  kernel = functools.partial(_forward_kernel, static=static)
+
+  def call(params, interpret):
+    return pl.pallas_call(
+        kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
+        out_shape=out_shape, compiler_params=params, interpret=interpret,
+        name='adamra_routed_forward')
+  outs = flash._on_every_platform(call)(*args)  # pylint: disable=protected-access
+  return outs[0], (outs[1] if static.stacked else None)
+
+
+def _summary_grads(static: _Static, pre, dy, choice, gate, kv, z):
+  """Partial sums `[batch, H, S, chunks, d, d]` and `[..., 1, d]`."""
+  batch, s_, n, d = pre.shape
+  h_, t = static.heads, static.block
+  rows = static.chunk * t
+  chunks = n // rows
+  kernel = functools.partial(_summary_grad_kernel, static=static)
+  seq = lambda width: pl.BlockSpec(  # noqa: E731
+      (None, None, rows, width), lambda b, h, s, c: (b, s, c, 0))
+  in_specs = [
+      seq(d), seq(d),
+      pl.BlockSpec((None, rows, 1), lambda b, h, s, c: (b, c, 0)),
+      pl.BlockSpec((None, None, rows, 1), lambda b, h, s, c: (b, h, c, 0)),
+      pl.BlockSpec((None, None, None, d, d),
+                   lambda b, h, s, c: (b, h, s, 0, 0)),
+      pl.BlockSpec((None, None, None, 1, d),
+                   lambda b, h, s, c: (b, h, s, 0, 0))]
+  out_specs = [
+      pl.BlockSpec((None, None, None, None, d, d),
+                   lambda b, h, s, c: (b, h, s, c, 0, 0)),
+      pl.BlockSpec((None, None, None, None, 1, d),
+                   lambda b, h, s, c: (b, h, s, c, 0, 0))]
+  out_shape = [
+      jax.ShapeDtypeStruct((batch, h_, s_, chunks, d, d), jnp.float32),
+      jax.ShapeDtypeStruct((batch, h_, s_, chunks, 1, d), jnp.float32)]
+
+  def call(params, interpret):
+    return pl.pallas_call(
+        kernel, grid=(batch, h_, s_, chunks), in_specs=in_specs,
+        out_specs=out_specs, out_shape=out_shape, compiler_params=params,
+        interpret=interpret, name='adamra_routed_summary_grad')
+  return flash._on_every_platform(call)(pre, dy, choice, gate, kv, z)  # pylint: disable=protected-access
+
+
+def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
+  batch, n = choice.shape[:2]
+  t, s_, h_, d = static.block, static.subheads, static.heads, kv.shape[-1]
+  if not static.stacked:
+    pre = q
+  args, specs = _tile_args(static, q, w, b, kv, z, choice, gate)
+  if static.stacked:
+    args.insert(1, pre)
+    specs.insert(1, _rows((s_,), t, d))
+  args.append(dy)
+  specs.append(_rows((s_,), t, d))
+  out_shape = [jax.ShapeDtypeStruct(pre.shape, pre.dtype)]
+  out_specs = [_rows((s_,), t, d)]
+  if static.stacked:
+    out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
+    out_specs.append(_rows((), t, q.shape[2]))
+  out_shape.append(jax.ShapeDtypeStruct((batch, h_, n, 1), jnp.float32))
+  out_specs.append(_rows((h_,), t, 1))
+  kernel = functools.partial(_dq_kernel, static=static)
+
+  def call(params, interpret):
+    return pl.pallas_call(
+        kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
+        out_shape=out_shape, compiler_params=params, interpret=interpret,
+        name='adamra_routed_dq')
+  outs = flash._on_every_platform(call)(*args)  # pylint: disable=protected-access
+  d_pre, d_gate = outs[0], outs[-1]
+
+  d_kv, d_z = _summary_grads(static, pre, dy, choice, gate, kv, z)
+  d_kv, d_z = jnp.sum(d_kv, axis=3), jnp.sum(d_z, axis=3)
+
+  if not static.stacked:
+    return d_pre, None, None, d_kv, d_z, d_gate
+  d_q = outs[1]
+  # The per-head maps: each a sum over every query routed to h of
+  # q^T dpre, one large product per head.
+  d_w, d_b = [], []
+  for h in range(h_):
+    mine = (choice == h)[:, None]  # [batch, 1, n, 1]
+    d_pre_h = jnp.where(mine, d_pre, jnp.zeros((), d_pre.dtype))
+    d_w.append(jnp.einsum('bnf,bsnd->sfd', q, d_pre_h,
+                          preferred_element_type=jnp.float32))
+    if static.has_bias:
+      d_b.append(jnp.sum(d_pre_h.astype(jnp.float32), axis=(0, 2))[:, None])
+  d_w = jnp.stack(d_w).astype(w.dtype)
+  d_b = jnp.stack(d_b).astype(b.dtype) if static.has_bias else None
+  return d_q, d_w, d_b, d_kv, d_z, d_gate
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _routed(static: _Static, q, w, b, kv, z, choice, gate):
+  return _forward(static, q, w, b, kv, z, choice, gate)[0]
+
+
+def _routed_fwd(static, q, w, b, kv, z, choice, gate):
+  y, pre = _forward(static, q, w, b, kv, z, choice, gate)
+  return y, (q, w, b, kv, z, choice, gate, pre)
+
+
+def _routed_bwd(static, residuals, dy):
+  q, w, b, kv, z, choice, gate, pre = residuals
+  d_q, d_w, d_b, d_kv, d_z, d_gate = _backward(
+      static, q, w, b, kv, z, choice, gate, pre, dy)
+  # The routed heads are integers: no cotangent.
+  return d_q, d_w, d_b, d_kv, d_z, None, d_gate
+
+
+_routed.defvjp(_routed_fwd, _routed_bwd)
+
+
+# -- the public function -----------------------------------------------------
+
+
+def _width(d: int) -> int:
+  """A product dimension Triton takes: a power of two, at least 16."""
+  size = flash.MIN_BLOCK
+  while size < d:
+    size *= 2
+  return size
+
+
+def _pad_to(x: Array, axis: int, size: int, value=0) -> Array:
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths, constant_values=value) if size > x.shape[axis] \
+      else x
+
+
+def _chunk_tiles(tiles: int) -> int:
+  """The largest divisor of `tiles` up to CHUNK_TILES."""
+  return max(c for c in range(1, min(tiles, CHUNK_TILES) + 1)
+             if tiles % c == 0)
+
+
+def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
+                     gate: Array, *, weight: Optional[Array] = None,
+                     bias: Optional[Array] = None,
+                     feature_map: str = 'relu', epsilon: float = 1e-6,
+                     all_gate_gradients: bool = False,
+                     block: int = DEFAULT_BLOCK) -> Array:
+  """Each query's routed head of kernel linear attention (module docstring).
+
+  Args:
+    q: with `weight`, first-stage queries `[batch, n, F]`, projected in the
+      kernel by each head's map; else the subhead queries `[batch, n, S, d]`
+      shared by every head.
+    kv: float32 summaries sum_j phi(k_j) v_j^T `[batch, H, S, d, d]`.
+    z: float32 summaries sum_j phi(k_j) `[batch, H, S, d]`.
+    choice: int `[batch, n]`, each query's routed head.
+    gate: float32 `[batch, n, H]`; the routed head's entry scales the query's
+      output.
+    weight: per-head maps `[H, F, S, d]` (`'stacked'` projections), or None.
+    bias: their biases `[H, S, d]`, or None.
+    feature_map: 'relu' or 'elu_plus_one' (phi).
+    epsilon: added to the denominator.
+    all_gate_gradients: give every head's gate the cotangent <y_h, dy>, not
+      only the routed one (the straight-through router).
+    block: queries per tile (a power of two >= 16; shorter sequences get
+      smaller tiles).
+
+  Returns:
+    `[batch, n, S, d]` in `q`'s dtype. Differentiable in `q`, `kv`, `z`,
+    `gate`, `weight` and `bias`.
+  """
+  if feature_map not in FEATURE_MAPS:
+    raise ValueError(f'feature_map={feature_map!r}; valid: {FEATURE_MAPS}.')
+  stacked = weight is not None
+  batch, n = choice.shape
+  heads, subheads, d = kv.shape[1], kv.shape[2], kv.shape[3]
+  t = flash.tile_size(n, block)
+  n_pad = -(-n // t) * t
+  dp = _width(d)
+  if stacked:
+    f = q.shape[2]
+    fp = _width(f)
+    q_in = _pad_to(_pad_to(q, 1, n_pad), 2, fp)
+    w = jnp.transpose(weight, (0, 2, 1, 3)).astype(q.dtype)  # [H, S, F, d]
+    w = _pad_to(_pad_to(w, 2, fp), 3, dp)
+    b = (None if bias is None
+         else _pad_to(bias.astype(q.dtype)[:, :, None, :], 3, dp))
+  else:
+    q_in = _pad_to(_pad_to(jnp.transpose(q, (0, 2, 1, 3)), 2, n_pad), 3, dp)
+    w = b = None
+  kv_in = _pad_to(_pad_to(kv.astype(jnp.float32), 3, dp), 4, dp)
+  z_in = _pad_to(z.astype(jnp.float32)[:, :, :, None, :], 4, dp)
+  # Tile padding is routed to no head: it outputs zero and adds nothing.
+  choice_in = _pad_to(choice.astype(jnp.int32), 1, n_pad, heads)[..., None]
+  gate_in = _pad_to(jnp.transpose(gate.astype(jnp.float32), (0, 2, 1)), 2,
+                    n_pad)[..., None]
+  static = _Static(block=t, heads=heads, subheads=subheads,
+                   feature_map=feature_map, epsilon=float(epsilon),
+                   stacked=stacked, has_bias=stacked and bias is not None,
+                   all_gate_gradients=all_gate_gradients,
+                   chunk=_chunk_tiles(n_pad // t))
+  y = _routed(static, q_in, w, b, kv_in, z_in, choice_in, gate_in)
+  return jnp.transpose(y[:, :, :n, :d], (0, 2, 1, 3))
+
+
+def reference(q: Array, kv: Array, z: Array, choice: Array, gate: Array, *,
+              weight: Optional[Array] = None, bias: Optional[Array] = None,
+              feature_map: str = 'relu', epsilon: float = 1e-6,
+              all_gate_gradients: bool = False) -> Array:
+  """The same function in plain XLA: every head for every query, masked.
+
+  Its gradients are those of `routed_attention`: through the routed head
+  only, and to the gate of the routed head (of every head with
+  `all_gate_gradients`).
+  """
+  heads = kv.shape[1]
+  hard = jax.nn.one_hot(choice, heads, dtype=jnp.float32)
+  gate = gate.astype(jnp.float32)
+  if all_gate_gradients:
+    # Value: the routed entry; gradient: every entry's.
+    gate = hard * lax.stop_gradient(gate) + (gate - lax.stop_gradient(gate))
+  else:
+    gate = hard * gate
+  y = 0.0
+  for h in range(heads):
+    if weight is None:
+      pre = q
+    else:
+      pre = jnp.einsum('bnf,fsd->bnsd', q, weight[h].astype(q.dtype))
+      if bias is not None:
+        pre = pre + bias[h].astype(q.dtype)
+    phi = _feature(pre.astype(jnp.float32), feature_map)
+    num = jnp.einsum('bnsk,bskv->bnsv', phi, kv[:, h])
+    den = jnp.einsum('bnsk,bsk->bns', phi, z[:, h])
+    y = y + num * (gate[..., h, None] / (den + epsilon))[..., None]
+  return y.astype(q.dtype)
