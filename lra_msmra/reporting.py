@@ -14,10 +14,12 @@ MIB = 2 ** 20
 
 
 def fmt_bytes(value: Optional[float]) -> str:
+  """Bytes in MiB (2^20 bytes), the one memory unit of every report and
+  plot: '4,395 MiB' for 4,608,937,984 bytes."""
   if value is None:
     return '—'
-  return f'{value / MIB:,.0f} MB' if value >= 10 * MIB else (
-      f'{value / MIB:.1f} MB')
+  return f'{value / MIB:,.0f} MiB' if value >= 10 * MIB else (
+      f'{value / MIB:.1f} MiB')
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]
@@ -27,6 +29,23 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]
   for row in rows:
     lines.append('| ' + ' | '.join(str(c) for c in row) + ' |')
   return '\n'.join(lines)
+
+
+def line_styles(keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+  """A colour and a marker (None or 'o') per key, no two keys alike.
+
+  Up to ten keys take tab10's colours; past ten, the twenty colours of
+  tab20 (its ten darker shades first) and a round marker on the keys of
+  the second ten, whose colours are the lighter shades of the first ten's.
+  """
+  plt = pyplot()
+  if len(keys) <= 10:
+    return {k: {'color': plt.get_cmap('tab10')(i), 'marker': None}
+            for i, k in enumerate(keys)}
+  order = list(range(0, 20, 2)) + list(range(1, 20, 2))
+  return {k: {'color': plt.get_cmap('tab20')(order[i % 20]),
+              'marker': 'o' if (i % 20) >= 10 else None}
+          for i, k in enumerate(keys)}
 
 
 def pyplot():

@@ -227,8 +227,9 @@ def data_label(record: Mapping[str, Any]) -> str:
   if kind == 'release':
     return ''
   if kind == 'generated':
+    # The seed the data was generated with, not the runs' seeds.
     seed = record.get('generator', {}).get('seed', '?')
-    return f'generated data, seed {seed}'
+    return f'generated data, generator seed {seed}'
   return f'{kind} data'
 
 
@@ -619,66 +620,110 @@ def find_run_dirs(paths: Iterable[str]) -> list[str]:
 
 
 def _run_label(run_dir: str, runs_by_dir: Mapping[str, Mapping[str, Any]]
-               ) -> tuple[str, str]:
-  """(label, group) of a run folder: its table label and protocol/task."""
+               ) -> tuple[str, str, str, Any]:
+  """(label, group, mechanism, seed) of a run folder: its table label,
+  protocol/task, what its line's colour stands for and its seed.
+
+  An unfinished run (no results.json) is named by its folder; its
+  mechanism is the folder above a `seed<N>` folder (the suite's layout),
+  else its attention.
+  """
   run = runs_by_dir.get(run_dir)
   if run is not None:
     seed = run.get('config', {}).get('seed', '?')
     return (f'{run["mechanism"]} s{seed}',
-            f'{run["protocol"]} / {run["task"]}')
+            f'{run["protocol"]} / {run["task"]}', run['mechanism'], seed)
   config_path = os.path.join(run_dir, 'config.json')
   name = os.path.relpath(run_dir, os.path.dirname(os.path.dirname(run_dir)))
-  if not os.path.exists(config_path):
-    return f'{name} (unfinished)', '?'
-  with open(config_path) as f:
-    config = json.load(f)
-  return (f'{name} (unfinished)',
-          f'{config.get("protocol", "?")} / {config.get("task", "?")}')
+  config = {}
+  if os.path.exists(config_path):
+    with open(config_path) as f:
+      config = json.load(f)
+  parent, folder = os.path.split(run_dir)
+  mechanism = (os.path.basename(parent) if folder.startswith('seed') else
+               config.get('model', {}).get('attention', name))
+  group = (f'{config.get("protocol", "?")} / {config.get("task", "?")}'
+           if config else '?')
+  return f'{name} (unfinished)', group, mechanism, config.get('seed', '?')
+
+
+# Line styles of seeds (in the order of their numbers), then these dash
+# patterns repeated: no two of the first eight seeds alike.
+SEED_STYLES = ('-', '--', ':', '-.', (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)),
+               (0, (8, 2)), (0, (3, 1, 3, 5)))
+
+
+def _seed_key(seed: Any) -> tuple[int, Any]:
+  return (0, seed) if isinstance(seed, int) else (1, str(seed))
 
 
 def curves_chart(run_dirs: Sequence[str],
                  runs_by_dir: Mapping[str, Mapping[str, Any]],
                  path: str) -> list[dict[str, Any]]:
   """Loss and accuracy (training and validation) against step, one line per
-  run, one figure row per protocol/task; returns what each line shows."""
+  run, one figure row per protocol/task; returns what each line shows.
+
+  Every run is told apart: colour by mechanism (`reporting.line_styles`),
+  line style by seed (`SEED_STYLES`), unfinished runs fainter; each row's
+  legend stands outside its axes, to the right.
+  """
   series = []
   for run_dir in run_dirs:
     mpath = metrics_path(run_dir)
     if mpath is None:
       continue
-    label, group = _run_label(run_dir, runs_by_dir)
+    label, group, mechanism, seed = _run_label(run_dir, runs_by_dir)
     records = read_metrics(mpath)
     lines = {key: [(r['step'], r[key]) for r in records if key in r]
              for key, _ in CURVE_PANELS}
     last = max((r['step'] for r in records), default=0)
     if run_dir not in runs_by_dir:
       label = label.replace('(unfinished)', f'(unfinished, step {last})')
-    series.append({'label': label, 'group': group, 'lines': lines,
-                   'last_step': last, 'finished': run_dir in runs_by_dir})
+    series.append({'label': label, 'group': group, 'mechanism': mechanism,
+                   'seed': seed, 'lines': lines, 'last_step': last,
+                   'finished': run_dir in runs_by_dir})
   groups = sorted({s['group'] for s in series})
   if not groups:
     return series
   plt = reporting.pyplot()
+  looks = reporting.line_styles(sorted({s['mechanism'] for s in series}))
+  seeds = sorted({s['seed'] for s in series}, key=_seed_key)
+  dashes = {seed: SEED_STYLES[i % len(SEED_STYLES)]
+            for i, seed in enumerate(seeds)}
   fig, axes = plt.subplots(len(groups), len(CURVE_PANELS),
                            figsize=(4.2 * len(CURVE_PANELS),
                                     3.4 * len(groups)), squeeze=False)
   for row, group in enumerate(groups):
+    members = sorted((x for x in series if x['group'] == group),
+                     key=lambda x: (x['mechanism'], _seed_key(x['seed']),
+                                    x['label']))
     for col, (key, title) in enumerate(CURVE_PANELS):
       ax = axes[row][col]
-      for i, s in enumerate(x for x in series if x['group'] == group):
+      for s in members:
         points = s['lines'][key]
         if points:
+          look = looks[s['mechanism']]
           ax.plot([p[0] for p in points], [p[1] for p in points],
-                  label=s['label'], color=plt.get_cmap('tab10')(i % 10),
-                  linewidth=1.0, linestyle='-' if s['finished'] else '--')
+                  label=s['label'], color=look['color'],
+                  marker=look['marker'], markersize=3,
+                  markevery=max(1, len(points) // 8),
+                  linestyle=dashes[s['seed']],
+                  linewidth=1.0 if s['finished'] else 0.8,
+                  alpha=1.0 if s['finished'] else 0.5)
       ax.set_title(f'{group}: {title}', fontsize=8)
       ax.set_xlabel('step', fontsize=8)
       ax.grid(True, alpha=0.3)
       ax.tick_params(labelsize=7)
-      if col == len(CURVE_PANELS) - 1:
-        ax.legend(fontsize=6)
+    handles, labels = axes[row][-1].get_legend_handles_labels()
+    if not handles:  # No validation yet: the first panel's lines.
+      handles, labels = axes[row][0].get_legend_handles_labels()
+    axes[row][-1].legend(
+        handles, labels, loc='upper left', bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0, fontsize=7, handlelength=3.0,
+        ncol=1 + (len(handles) - 1) // 24,
+        title='colour: mechanism; line: seed', title_fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
   return [{k: v for k, v in s.items() if k != 'lines'} for s in series]
 

@@ -11,6 +11,7 @@ import pytest
 from lra_msmra import attention
 from lra_msmra import config_lib
 from lra_msmra import published
+from lra_msmra import reporting
 from lra_msmra import results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,7 +308,7 @@ def test_generated_listops_is_marked_and_options_are_recognised(tmp_path):
   runs = _labelled(root)
   assert runs[0]['official'] and runs[0]['mechanism'] == 'long_short'
   text = results.markdown(results.aggregate(runs), runs)
-  assert '**long_short** (ours; generated data, seed 0)' in text
+  assert '**long_short** (ours; generated data, generator seed 0)' in text
   assert '37.50' in text  # the Transformer-LS paper's ListOps number.
 
 
@@ -328,7 +329,7 @@ def test_runlocal_jobs_are_named_and_kept_from_every_protocol_table(
   sections = _sections(results.markdown(results.aggregate(runs), runs))
   quick = sections['`runlocal` jobs: quick checks, not results']
   assert '31.00' in quick and '29.00' in quick and '37.00' not in quick
-  assert '**cst:runlocal** (ours; generated data, seed 0)' in quick
+  assert '**cst:runlocal** (ours; generated data, generator seed 0)' in quick
   for title, text in sections.items():
     if title.startswith(('Protocol:', 'LRA official', 'Xiong')):
       assert '31.00' not in text and '29.00' not in text, title
@@ -376,6 +377,56 @@ def test_curves_collect_and_rebuild(tmp_path):
   again = tmp_path / 'again'
   results.main(['results', '--runs', str(copy), '--out', str(again)])
   assert (again / 'results.md').read_text() == text
+
+
+def test_curves_tell_every_run_apart(tmp_path, monkeypatch):
+  """Colour by mechanism, line style by seed, the legend beside the axes."""
+  root = tmp_path / 'runs'
+  # Eleven mechanisms (past tab10's ten colours), two seeds each, and an
+  # unfinished run in the suite's layout.
+  mechanisms = [f'mech{i:02d}' for i in range(11)]
+  for name in mechanisms:
+    for seed in (0, 1):
+      folder = root / name / f'seed{seed}'
+      _write_metrics(folder, [50, 100, 150])
+      (folder / 'config.json').write_text(json.dumps(
+          {'task': 'listops', 'protocol': 'xiong', 'seed': seed,
+           'model': {'attention': 'softmax'}}))
+  figures = []
+  plt = reporting.pyplot()
+  monkeypatch.setattr(plt, 'close', figures.append)
+  series = results.curves_chart(results.find_run_dirs([str(root)]), {},
+                                str(tmp_path / 'curves.png'))
+  assert {(s['mechanism'], s['seed']) for s in series} == {
+      (m, seed) for m in mechanisms for seed in (0, 1)}
+  [fig] = figures
+  fig.canvas.draw()
+  for ax in fig.axes:
+    looks = {}
+    for line in ax.get_lines():
+      look = (line.get_color(), line.get_marker(), line.get_linestyle())
+      assert look not in looks.values(), line.get_label()
+      # Labels name the unfinished runs' folders: 'mech03/seed1 (...)'.
+      looks[line.get_label().split()[0]] = look
+    assert len(looks) == 22
+    # One colour and marker per mechanism, one line style per seed.
+    colours, styles = {}, {}
+    for label, (colour, marker, style) in looks.items():
+      mechanism, seed = label.split('/')
+      colours.setdefault(mechanism, set()).add((colour, marker))
+      styles.setdefault(seed, set()).add(style)
+    assert all(len(c) == 1 for c in colours.values())
+    assert len(set().union(*colours.values())) == 11
+    assert [len(s) for s in styles.values()] == [1, 1]
+    assert styles['seed0'] != styles['seed1']
+  last = fig.axes[-1]
+  legend = last.get_legend()
+  assert len(legend.get_texts()) == 22
+  renderer = fig.canvas.get_renderer()
+  assert (legend.get_window_extent(renderer).x0 >=
+          last.get_window_extent(renderer).x1)
+  assert all(ax.get_legend() is None for ax in fig.axes[:-1])
+  plt.close(fig)
 
 
 def test_collect_never_replaces_another_run(tmp_path):

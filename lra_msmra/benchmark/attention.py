@@ -64,9 +64,9 @@ like ours (compile time, FLOPs and memory too). Other specs are recorded as
 unsupported, with the reason.
 
 Host memory (`--hugepages none|jax|all`): XLA:CPU faults in its per-call
-temporary buffer page by page (`lra_msmra.cpu_malloc`); the option gives
-glibc's huge page tunable to no worker, to the JAX workers (ours and the
-official Combiner code) or to every worker. Each record keeps its worker's
+temporary buffer page by page (`lra_msmra.benchmark.cpu_malloc`); the option
+gives glibc's huge page tunable to no worker, to the JAX workers (ours and
+the official Combiner code) or to every worker. Each record keeps its worker's
 memory settings and minor page faults per call, and the report says which
 workers had the tunable.
 
@@ -84,8 +84,8 @@ import sys
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from lra_msmra import cpu_malloc
 from lra_msmra import reporting
+from lra_msmra.benchmark import cpu_malloc
 from lra_msmra.benchmark import environment
 from lra_msmra.benchmark import memory
 from lra_msmra.benchmark import official_combiner
@@ -189,8 +189,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       '(default: %(default)g)')
   p.add_argument('--hugepages', default='none', choices=HUGEPAGES,
                  help='give the workers GLIBC_TUNABLES=glibc.malloc.hugetlb=1'
-                      ' (lra_msmra.cpu_malloc): none, the JAX workers (ours '
-                      'and JAX official code) or all (PyTorch too); '
+                      ' (lra_msmra.benchmark.cpu_malloc): none, the JAX '
+                      'workers (ours and JAX official code) or all (PyTorch '
+                      'too); '
                       'default %(default)s')
   p.add_argument('--baseline', default='softmax',
                  help='mechanism label the ratios refer to')
@@ -1099,6 +1100,22 @@ def host_memory(info: Optional[Mapping[str, Any]],
 _BACKEND_LABELS = {'jax': '', 'torch': ' (our PyTorch port)',
                    'official': ' (official)'}
 _BACKEND_STYLES = {'jax': '-', 'torch': '--', 'official': ':'}
+_STYLE_NAMES = {'-': 'solid', '--': 'dashed', ':': 'dotted'}
+_BACKEND_NAMES = {'jax': 'JAX', 'torch': 'our PyTorch port',
+                  'official': 'official code'}
+
+
+def style_key(panels: Sequence[Mapping[str, Any]]) -> str:
+  """' (solid: JAX, dashed: ...)' for the backends with a line drawn in
+  `panels` ('' when only one is drawn: the labels say it)."""
+  drawn = [b for b in _BACKEND_STYLES
+           if any(s['backend'] == b and any(y is not None
+                                            for _, y in s['points'])
+                  for p in panels for s in p['series'])]
+  if len(drawn) < 2:
+    return ''
+  return ' (' + ', '.join(f'{_STYLE_NAMES[_BACKEND_STYLES[b]]}: '
+                          f'{_BACKEND_NAMES[b]}' for b in drawn) + ')'
 
 
 def plot(report: Mapping[str, Any], out: str) -> list[str]:
@@ -1120,7 +1137,7 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
               v = v / reporting.MIB
             pts.append((n, v))
           series.append({'label': m + _BACKEND_LABELS[backend],
-                         'points': pts, 'color_key': m,
+                         'points': pts, 'color_key': m, 'backend': backend,
                          'style': _BACKEND_STYLES[backend]})
       panels.append({'title': MODE_NAMES[mode], 'ylabel': ylabel,
                      'series': series})
@@ -1128,8 +1145,7 @@ def plot(report: Mapping[str, Any], out: str) -> list[str]:
     outputs.plot_panels(
         path, panels, 'sequence length N',
         f'batch {s["batch"]}, D={s["features"]}, {s["heads"]} heads, '
-        f'{s["dtype"]} (solid: JAX, dashed: our PyTorch port, dotted: '
-        'official code)')
+        f'{s["dtype"]}{style_key(panels)}')
     paths.append(path)
   return paths
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from typing import Any, Mapping, Optional, Sequence
 
 from lra_msmra import reporting
@@ -46,14 +47,17 @@ def write_json(path: str, data: Any) -> None:
 
 def plot_panels(path: str, panels: Sequence[Mapping[str, Any]],
                 xlabel: str, title: str) -> None:
-  """Log-log line plots, one panel per entry.
+  """Log-log line plots, one panel per entry, one legend beside them.
 
   Each panel is {'title', 'ylabel', 'series': [{'label', 'points':
-  [(x, y)], 'style': '-' or '--', 'color_key': str}]}; series sharing a
-  color_key share a colour.
+  [(x, y)], 'style': '-' or '--' or ':', 'color_key': str}]}; series sharing a
+  color_key share a colour. The legend lists every label drawn in any panel,
+  once, to the right of the panels; the title is wrapped to the figure's
+  width.
   """
   plt = reporting.pyplot()
-  fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5),
+  width = 6 * len(panels)
+  fig, axes = plt.subplots(1, len(panels), figsize=(width, 4.5),
                            squeeze=False)
   keys = []
   for panel in panels:
@@ -66,22 +70,29 @@ def plot_panels(path: str, panels: Sequence[Mapping[str, Any]],
   colours = {k: plt.get_cmap('tab20' if many else 'tab10')(i % 20)
              for i, k in enumerate(keys)}
   markers = {k: 's' if many and i % 2 else 'o' for i, k in enumerate(keys)}
+  handles = {}
   for ax, panel in zip(axes[0], panels):
     for s in panel['series']:
       pts = sorted(p for p in s['points'] if p[1] is not None)
       if not pts:
         continue
       xs, ys = zip(*pts)
-      ax.plot(xs, ys, s.get('style', '-'), marker=markers[s['color_key']],
-              markersize=4, color=colours[s['color_key']], label=s['label'])
+      [line] = ax.plot(xs, ys, s.get('style', '-'),
+                       marker=markers[s['color_key']], markersize=4,
+                       color=colours[s['color_key']], label=s['label'])
+      handles.setdefault(s['label'], line)
     ax.set_xscale('log', base=2)
     ax.set_yscale('log')
     ax.set_xlabel(xlabel)
     ax.set_ylabel(panel['ylabel'])
     ax.set_title(panel['title'])
     ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=7)
-  fig.suptitle(title, fontsize=10)
+  # About 13 characters per inch at 10 points.
+  fig.suptitle(textwrap.fill(title, width=int(13 * width)), fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  if handles:
+    fig.legend(list(handles.values()), list(handles), loc='upper left',
+               bbox_to_anchor=(1.0, 0.93), fontsize=8,
+               ncol=1 + (len(handles) - 1) // 24)
+  fig.savefig(path, dpi=120, bbox_inches='tight')
   plt.close(fig)
