@@ -1,0 +1,661 @@
+"""Combiner's fixed and axial factorizations as fused Pallas kernels.
+
+The `combiner` mechanism (`lra_msmra.attention.combiner`) says what a layer
+computes; its `'xla'` implementation is the numerical reference. Its
+`'pallas'` implementation computes the same function here, through the flash
+kernels of `lra_msmra.kernels.flash` (Triton on NVIDIA GPUs, Mosaic on TPUs,
+Pallas' interpreter on the CPU): no per-query logits or weights ever exist
+outside a kernel tile, forward or backward.
+
+Covered (`check` refuses the rest at construction):
+
+* `variant='fixed'`, causal or not. Direct keys are the query's own block
+  (a segment window of `block_size`, causal or not) and the extra keys are
+  the block summaries k_Ω of the other (causal: earlier) blocks, under one
+  softmax (`flash.flash_attention` with `Extra('other_group' |
+  'earlier_group')`). A summary's logit is the plain q . k_Ω, so no bias is
+  needed. The summaries themselves (masked pooling of each block, and its
+  local expectation: one pooled query against the block's keys) cost O(N d)
+  and are fused multiply-reduce loops in XLA, not batched tiny matmuls.
+* `variant='axial'`, every plan, causal or not. The query (r, c) of the
+  n x m grid sees keys in its own row and in its own column (and span
+  summaries stored in its row or column), under one softmax. No single
+  order of the sequence puts both a row and a column in one window, so the
+  joint softmax is split in two layouts: a row-major pass (own row, and
+  summaries stored in the row) and a column-major pass (own column, and
+  summaries stored in the column), each a flash kernel with a
+  `GroupRule` mask. Their outputs and log-sum-exps are merged per query
+  (`_joint`), and the backward pass runs each layout's flash backward
+  kernels with the merged output and log-sum-exp, which is the gradient of
+  the one joint softmax. The local expectations of the vertical (column
+  above / below) and horizontal (row left / right) spans are themselves
+  attentions with strict prefix or suffix masks (`GroupRule` 'lt' / 'gt'),
+  one flash call each; rowmajor's row summaries are a flash call over full
+  rows, its learned summary key stays in the mechanism (Flax).
+
+Everything else (projections, DeepSets maps, the grid and its padding,
+pooling) is the mechanism's own code, so variables and the function are
+those of `'xla'`. Attention dropout is not implemented yet: a call that
+would drop (`deterministic=False`, `dropout_rate > 0`) raises. The layer
+sows nothing in either implementation.
+
+Until `flash` exposes a joint softmax over several calls (its log-sum-exp as
+a differentiable output) and mask rules beyond its `Window` / `Extra`, this
+module drives flash's kernels through `_flash_forward`, `_flash_backward`
+and `_flash_attend`, the only places that use flash's private functions.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+from lra_msmra.attention import base
+from lra_msmra.kernels import flash
+
+Array = jax.Array
+
+VARIANTS = ('fixed', 'axial')
+RELATIONS = ('all', 'le', 'lt', 'gt', 'ne')
+
+
+def check(*, variant: str) -> None:
+  """Refuses, at construction, what the Pallas implementation does not cover.
+
+  Raises:
+    NotImplementedError: one line naming the knob and the way out.
+  """
+  if variant not in VARIANTS:
+    raise NotImplementedError(
+        f"Combiner implementation='pallas' covers variant {VARIANTS}, not "
+        f"variant={variant!r}: use implementation='xla'.")
+
+
+def check_call(*, dropout_rate: float, deterministic: bool) -> None:
+  """Refuses a call that would need attention dropout (not in the kernels)."""
+  if dropout_rate > 0 and not deterministic:
+    raise NotImplementedError(
+        f"Combiner implementation='pallas' has no attention dropout yet "
+        f'(dropout_rate={dropout_rate}, deterministic=False): set '
+        "config.model.attention_dropout_rate=0 or use implementation='xla'.")
+
+
+# -- the mask rule -----------------------------------------------------------
+
+
+class GroupRule(NamedTuple):
+  """Query i sees key j in its own group, where their members relate.
+
+  Queries come in groups of `queries` (query i: group i // queries, member
+  i mod queries). Keys come in groups of `kinds * queries`: `kinds` runs of
+  `queries` members, one per kind of key (e.g. the span summaries above and
+  below a position, stored side by side per group). Key j sees member
+  (j mod kinds * queries) mod queries. `relation` compares the key's member
+  with the query's: 'all', 'le', 'lt', 'gt' or 'ne'.
+
+  It is a flash mask rule (`mask`, `key_range`, `query_range`: the same
+  protocol as `flash.Window`), usable in kernel code (`lax.div` on
+  non-negative integers, no `//`).
+  """
+  queries: int
+  kinds: int = 1
+  relation: str = 'all'
+
+  def _key_group(self) -> int:
+    return self.kinds * self.queries
+
+  def mask(self, i: Array, j: Array) -> Array:
+    q, size = self.queries, self._key_group()
+    gi = lax.div(i, q)
+    ci = i - gi * q
+    gj = lax.div(j, size)
+    rj = j - gj * size
+    cj = rj - lax.div(rj, q) * q
+    ok = gi == gj
+    if self.relation == 'le':
+      ok &= cj <= ci
+    elif self.relation == 'lt':
+      ok &= cj < ci
+    elif self.relation == 'gt':
+      ok &= cj > ci
+    elif self.relation == 'ne':
+      ok &= cj != ci
+    return ok
+
+  def key_range(self, i0: Array, i1: Array, n: int) -> tuple[Array, Array]:
+    """Keys [lo, hi) that queries i0..i1 may see, within [0, n)."""
+    size = self._key_group()
+    lo = lax.div(i0, self.queries) * size
+    hi = (lax.div(i1, self.queries) + 1) * size
+    if self.kinds == 1:  # Keys share the queries' positions.
+      if self.relation == 'le':
+        hi = jnp.minimum(hi, i1 + 1)
+      elif self.relation == 'lt':
+        hi = jnp.minimum(hi, i1)
+      elif self.relation == 'gt':
+        lo = jnp.maximum(lo, i0 + 1)
+    return jnp.maximum(lo, 0), jnp.minimum(hi, n)
+
+  def query_range(self, j0: Array, j1: Array, n: int) -> tuple[Array, Array]:
+    """Queries [lo, hi) that may see one of the keys j0..j1, within [0, n)."""
+    size = self._key_group()
+    lo = lax.div(j0, size) * self.queries
+    hi = (lax.div(j1, size) + 1) * self.queries
+    if self.kinds == 1:
+      if self.relation == 'le':
+        lo = jnp.maximum(lo, j0)
+      elif self.relation == 'lt':
+        lo = jnp.maximum(lo, j0 + 1)
+      elif self.relation == 'gt':
+        hi = jnp.minimum(hi, j1)
+    return jnp.maximum(lo, 0), jnp.minimum(hi, n)
+
+  def any_key(self, valid: Array) -> Array:
+    """Whether each query sees a valid key (XLA, outside the kernels).
+
+    Args:
+      valid: bool `[batch, groups * kinds * queries]`, per key.
+
+    Returns:
+      bool `[batch, groups * queries]`, per query.
+    """
+    batch, length = valid.shape
+    groups = length // self._key_group()
+    # [batch, groups, queries]: valid keys per member, over the kinds.
+    per_member = valid.reshape(batch, groups, self.kinds, self.queries).astype(
+        jnp.int32).sum(2)
+    total = per_member.sum(-1, keepdims=True)
+    inclusive = jnp.cumsum(per_member, -1)
+    count = {'all': total + 0 * per_member,
+             'ne': total - per_member,
+             'le': inclusive,
+             'lt': inclusive - per_member,
+             'gt': total - inclusive}[self.relation]
+    return (count > 0).reshape(batch, groups * self.queries)
+
+
+# -- flash's kernels, driven with GroupRule masks ----------------------------
+
+
+class Keys(NamedTuple):
+  """One set of keys, heads-major, in the order of one layout.
+
+  Attributes:
+    k: keys `[batch, heads, length, d]`.
+    v: values `[batch, heads, length, dv]`.
+    valid: bool `[batch, length]`.
+    rule: which queries see which keys (`GroupRule`, or `flash.Extra` with
+      `key_group=1`).
+    direct: direct keys get attention dropout after the joint softmax; span
+      summaries do not (their members got theirs in the local expectation).
+  """
+  k: Array
+  v: Array
+  valid: Array
+  rule: Any
+  direct: bool = True
+
+
+class Seeds:
+  """Independent dropout seeds for the flash calls of one layer call.
+
+  Call c gets the layer's seed plus c times the golden ratio (mod 2^32),
+  as the int32 `[1, 1]` operand flash's kernels take; `keep_mask` hashes the
+  seed, so the calls' masks are unrelated.
+  """
+
+  def __init__(self, seed: Optional[Array]):
+    self.seed = seed
+    self.count = 0
+
+  def next(self) -> Optional[Array]:
+    if self.seed is None:
+      return None
+    self.count += 1
+    seed = jnp.asarray(self.seed).astype(jnp.uint32) + jnp.uint32(
+        (0x9E3779B9 * self.count) % 2**32)
+    return lax.bitcast_convert_type(seed, jnp.int32).reshape(1, 1)
+
+
+def _any_key(keys: Keys, queries: int) -> Array:
+  """bool `[batch, queries]`: whether each query sees a valid key."""
+  rule = keys.rule
+  if isinstance(rule, GroupRule):
+    return rule.any_key(keys.valid)
+  # flash.Extra with one key per group of `query_group` queries.
+  valid = keys.valid.astype(jnp.int32)
+  total = valid.sum(-1, keepdims=True)
+  count = (total - valid if rule.kind == 'other_group'
+           else jnp.cumsum(valid, -1) - valid)
+  seen = jnp.repeat(count > 0, rule.query_group, axis=1)
+  return seen[:, :queries]
+
+
+def _pad_keys(keys: Optional[Keys], t: int):
+  if keys is None:
+    return None
+  return (flash._pad(keys.k, 2, t), flash._pad(keys.v, 2, t),  # pylint: disable=protected-access
+          flash._flags(keys.valid, t))  # pylint: disable=protected-access
+
+
+def _static(window: Optional[Keys], extra: Optional[Keys], t: int,
+            heads: int, dropout_rate: float):
+  return flash._Static(  # pylint: disable=protected-access
+      window.rule if window is not None else None,
+      extra.rule if extra is not None else None, t, heads=heads,
+      dropout_rate=float(dropout_rate))
+
+
+def _flash_attend(q: Array, keys: Keys, t: int, dropout_rate: float = 0.0,
+                  seed: Optional[Array] = None) -> Array:
+  """Softmax attention of `q` over `keys` (one layout), differentiable."""
+  nq = q.shape[2]
+  static = _static(keys, None, t, q.shape[1], dropout_rate)
+  out = flash._flash(static, seed, flash._pad(q, 2, t), _pad_keys(keys, t),  # pylint: disable=protected-access
+                     None)
+  return out[:, :, :nq]
+
+
+def _flash_forward(static, seed, q, window_args, extra_args):
+  return flash._forward(static, seed, q, window_args, extra_args)  # pylint: disable=protected-access
+
+
+def _flash_backward(static, seed, q, window_args, extra_args, out, lse,
+                    d_out):
+  return flash._backward(static, seed, q, window_args, extra_args, out, lse,  # pylint: disable=protected-access
+                         d_out)
+
+
+# -- one softmax over several calls and two layouts --------------------------
+
+
+class _JointStatic(NamedTuple):
+  """The passes' (flash._Static, layout) and the grid n x m."""
+  passes: tuple
+  n: int
+  m: int
+
+
+def _rows_of_cols(x: Array, n: int, m: int) -> Array:
+  """`[B, H, m*n, ...]` column-major -> `[B, H, n*m, ...]` row-major."""
+  b, h = x.shape[:2]
+  x = x.reshape(b, h, m, n, *x.shape[3:])
+  return jnp.swapaxes(x, 2, 3).reshape(b, h, n * m, *x.shape[4:])
+
+
+def _cols_of_rows(x: Array, n: int, m: int) -> Array:
+  """`[B, H, n*m, ...]` row-major -> `[B, H, m*n, ...]` column-major."""
+  b, h = x.shape[:2]
+  x = x.reshape(b, h, n, m, *x.shape[3:])
+  return jnp.swapaxes(x, 2, 3).reshape(b, h, n * m, *x.shape[4:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _joint_core(static: _JointStatic, args, seen):
+  return _joint_fwd(static, args, seen)[0]
+
+
+def _joint_fwd(static, args, seen):
+  n, m = static.n, static.m
+  size = n * m
+  parts = []
+  for (part_static, layout), (seed, q, window, extra), part_seen in zip(
+      static.passes, args, seen):
+    out, lse = _flash_forward(part_static, seed, q, window, extra)
+    out, lse = out[:, :, :size].astype(jnp.float32), lse[:, :, :size, 0]
+    if layout == 'cols':
+      out, lse = _rows_of_cols(out, n, m), _rows_of_cols(lse, n, m)
+    parts.append((out, lse, part_seen[:, None, :]))
+  # One softmax: pass p's output weighs exp(lse_p - lse).
+  top = functools.reduce(jnp.maximum, [jnp.where(s, l, -jnp.inf)
+                                       for _, l, s in parts])
+  top = jnp.where(jnp.isfinite(top), top, 0.0)
+  weights = [jnp.where(s, jnp.exp(l - top), 0.0) for _, l, s in parts]
+  total = functools.reduce(jnp.add, weights)
+  seen_any = total > 0
+  total = jnp.where(seen_any, total, 1.0)
+  merged = functools.reduce(jnp.add, [w[..., None] * o for w, (o, _, _)
+                                      in zip(weights, parts)])
+  out = (merged / total[..., None]).astype(args[0][1].dtype)
+  lse = jnp.where(seen_any, top + jnp.log(total), 0.0)
+  return out, (args, out, lse)
+
+
+def _joint_bwd(static, residuals, d_out):
+  # The gradient of one softmax over all passes: each pass's flash backward
+  # kernels with the merged output (delta = dO . out) and log-sum-exp.
+  args, out, lse = residuals
+  n, m = static.n, static.m
+  lse = lse[..., None]
+  d_out = d_out.astype(out.dtype)
+  with_flags = lambda g: None if g is None else (*g, None)
+  cotangents = []
+  for (part_static, layout), (seed, q, window, extra) in zip(static.passes,
+                                                             args):
+    o, l, d = out, lse, d_out
+    if layout == 'cols':
+      o, l, d = (_cols_of_rows(a, n, m) for a in (o, l, d))
+    pad = lambda x, q=q: flash._pad(x, 2, q.shape[2])  # pylint: disable=protected-access
+    d_q, d_window, d_extra = _flash_backward(part_static, seed, q, window,
+                                             extra, pad(o), pad(l), pad(d))
+    cotangents.append((None, d_q, with_flags(d_window), with_flags(d_extra)))
+  return tuple(cotangents), None
+
+
+_joint_core.defvjp(_joint_fwd, _joint_bwd)
+
+
+def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
+           m: int, t: int, dropout_rate: float = 0.0,
+           seeds: Optional[Seeds] = None) -> Array:
+  """One softmax per query over keys seen in row-major and column-major order.
+
+  Args:
+    queries: 'rows' (and 'cols' if used): the queries of the n x m grid,
+      `[B, H, n*m, d]`, in row-major (column-major) order.
+    keys: per layout, at most two `Keys` sets in that layout's order.
+    n, m: the grid (for the sequence of `fixed`: n = 1, m = N).
+    t: the tile.
+    dropout_rate: attention dropout on the direct keys' weights.
+    seeds: the dropout seeds (with `dropout_rate`).
+
+  Returns:
+    `[B, H, n*m, dv]` row-major, in the queries' dtype; zero for a query
+    without a valid key.
+  """
+  statics, args, seen = [], [], []
+  for layout in ('rows', 'cols'):
+    sets = keys.get(layout, [])
+    if dropout_rate:  # Direct keys drop, summaries do not: separate calls.
+      groups = [([s for s in sets if s.direct], dropout_rate),
+                ([s for s in sets if not s.direct], 0.0)]
+    else:
+      groups = [(sets, 0.0)]
+    for group, rate in groups:
+      if not group:
+        continue
+      window, extra = group[0], group[1] if len(group) > 1 else None
+      q = queries[layout]
+      statics.append((_static(window, extra, t, q.shape[1], rate), layout))
+      seed = seeds.next() if rate else None
+      args.append((seed, flash._pad(q, 2, t), _pad_keys(window, t),  # pylint: disable=protected-access
+                   _pad_keys(extra, t)))
+      flags = functools.reduce(jnp.logical_or, [
+          _any_key(s, n * m) for s in group])
+      if layout == 'cols':
+        flags = jnp.swapaxes(flags.reshape(-1, m, n), 1, 2).reshape(-1, n * m)
+      seen.append(flags)
+  return _joint_core(_JointStatic(tuple(statics), n, m), tuple(args),
+                     tuple(seen))
+
+
+# -- layouts -----------------------------------------------------------------
+
+
+def _heads_major(x: Array) -> Array:
+  """`[B, N, H, d]` -> `[B, H, N, d]`."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def _grid_heads(x: Array) -> Array:
+  """Grid `[B, n, m, H, d]` -> `[B, H, n, m, d]`."""
+  return jnp.transpose(x, (0, 3, 1, 2, 4))
+
+
+def _rows(x: Array) -> Array:
+  """`[B, H, n, m, d]` -> row-major `[B, H, n*m, d]`."""
+  b, h, n, m = x.shape[:4]
+  return x.reshape(b, h, n * m, *x.shape[4:])
+
+
+def _cols(x: Array) -> Array:
+  """`[B, H, n, m, d]` -> column-major `[B, H, m*n, d]`."""
+  b, h, n, m = x.shape[:4]
+  return jnp.swapaxes(x, 2, 3).reshape(b, h, m * n, *x.shape[4:])
+
+
+def _flag_rows(x: Array) -> Array:
+  """bool `[B, n, m]` -> `[B, n*m]`."""
+  return x.reshape(x.shape[0], -1)
+
+
+def _flag_cols(x: Array) -> Array:
+  """bool `[B, n, m]` -> `[B, m*n]`."""
+  return jnp.swapaxes(x, 1, 2).reshape(x.shape[0], -1)
+
+
+def _stack_rows(parts: list[Array]) -> Array:
+  """Per-position arrays `[B, H, n, m, d]` -> `[B, H, n*K*m, d]`, the K
+  kinds side by side in each row (`GroupRule(m, K)`)."""
+  x = jnp.stack(parts, axis=3)
+  b, h, n, k, m = x.shape[:5]
+  return x.reshape(b, h, n * k * m, *x.shape[5:])
+
+
+def _stack_cols(parts: list[Array]) -> Array:
+  """Per-position arrays `[B, H, n, m, d]` -> `[B, H, m*K*n, d]`, the K
+  kinds side by side in each column (`GroupRule(n, K)`)."""
+  return _stack_rows([jnp.swapaxes(p, 2, 3) for p in parts])
+
+
+def tile(length: int, block: int = flash.DEFAULT_BLOCK) -> int:
+  """The kernels' tile for `length` positions (`flash.tile_size`)."""
+  return flash.tile_size(length, block)
+
+
+# -- Combiner-Fixed ----------------------------------------------------------
+
+
+def _drop(w: Array, rate: float, seed: Optional[Array], *index: Array
+          ) -> Array:
+  """Attention dropout on XLA-computed weights `w` `[B, H, a, b]`, with
+  flash's keep mask over (batch, head, `index` = (query, key))."""
+  if not rate:
+    return w
+  batch, heads = w.shape[:2]
+  keep = flash.keep_mask(seed, jnp.arange(batch)[:, None, None, None],
+                         jnp.arange(heads)[None, :, None, None], *index,
+                         flash.WINDOW_PART, heads, rate)
+  return jnp.where(keep, w / (1.0 - rate), 0.0)
+
+
+def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
+          block_size: int, causal: bool, pool: str,
+          dropout_rate: float = 0.0, dropout_seed: Optional[Array] = None,
+          block: int = flash.DEFAULT_BLOCK) -> Array:
+  """Combiner-Fixed (docs/mechanisms/combiner.md §2.2).
+
+  Args:
+    q: scaled queries `[batch, length, heads, d]`.
+    k, v: keys and values `[batch, length, heads, d]`.
+    pq, pk: the pooled forms of queries and keys (q and k, or DeepSets).
+    real: bool `[batch, length]`, True = real token.
+    block_size: s.
+    causal: LM form.
+    pool: 'max' or 'mean'.
+    dropout_rate: attention dropout (0: none).
+    dropout_seed: uint32 or int32 scalar, with dropout.
+    block: the kernels' tile (at most).
+
+  Returns:
+    `[batch, length, heads, dv]`; padded queries are not zeroed.
+  """
+  from lra_msmra.attention import combiner as xla  # pylint: disable=g-import-not-at-top
+  batch, length = real.shape
+  blocks = -(-length // block_size)
+  padded = blocks * block_size
+  seeds = Seeds(dropout_seed if dropout_rate else None)
+  hq, hk, hv = _heads_major(q), _heads_major(k), _heads_major(v)
+
+  def split(x):  # [B, H, N, d] -> [B, H, blocks, s, d]
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, padded - length), (0, 0)])
+    return x.reshape(*x.shape[:2], blocks, block_size, x.shape[-1])
+
+  member = jnp.pad(real, [(0, 0), (0, padded - length)]).reshape(
+      batch, 1, blocks, block_size)
+  q_span, _ = xla._masked_pool(  # pylint: disable=protected-access
+      split(hq if pq is q else _heads_major(pq)), member[..., None], axis=3,
+      kind=pool)
+  k_span, has = xla._masked_pool(  # pylint: disable=protected-access
+      split(hk if pk is k else _heads_major(pk)), member[..., None], axis=3,
+      kind=pool)
+  # Each block's local expectation with its pooled query: one query per
+  # block, so a multiply-reduce (O(N d)), not a batch of 1-row matmuls.
+  kb, vb = split(hk), split(hv)
+  logits = jnp.sum(q_span[:, :, :, None, :].astype(jnp.float32)
+                   * kb.astype(jnp.float32), axis=-1)
+  w = base.safe_softmax(logits, member)
+  w = _drop(w, dropout_rate, seeds.next(),
+            jnp.arange(blocks)[:, None], jnp.arange(block_size)[None, :])
+  span_values = jnp.sum(w[..., None] * vb.astype(jnp.float32),
+                        axis=3).astype(v.dtype)
+  rule = flash.Extra('earlier_group' if causal else 'other_group',
+                     key_group=1, query_group=block_size)
+  has = has[:, 0, :, 0]
+  if not dropout_rate:
+    out = flash.flash_attention(
+        hq, hk, hv, real, window=flash.Window('segment', size=block_size,
+                                              causal=causal),
+        extra=(k_span, span_values, has), extra_rule=rule, block=block)
+  else:
+    # Direct keys drop after the joint softmax, summaries do not: two calls
+    # under one softmax.
+    direct = Keys(hk, hv, real, GroupRule(block_size, 1,
+                                          'le' if causal else 'all'))
+    spans = Keys(k_span, span_values, has, rule, direct=False)
+    out = _joint({'rows': hq}, {'rows': [direct, spans]}, 1, length,
+                 tile(length, block), dropout_rate, seeds)
+  return _heads_major(out)
+
+
+# -- Combiner-Axial ----------------------------------------------------------
+
+
+class _Grid(NamedTuple):
+  """Heads-major grid arrays `[B, H, n, m, d]` and `real` `[B, n, m]`."""
+  q: Array
+  k: Array
+  v: Array
+  pq: Array
+  pk: Array
+  real: Array
+
+
+def _spans(g: _Grid, axis: int, reverse: bool, pool: str, t: int,
+           dropout_rate: float, seeds: Seeds) -> tuple[Array, Array, Array]:
+  """Prefix (suffix) spans along the grid's `axis` (2: up a column, 3: left
+  in a row), excluding the position itself.
+
+  Returns:
+    (abstraction keys `[B, H, n, m, d]`, local expectations `[B, H, n, m,
+    dv]`, has a member `[B, n, m]`).
+  """
+  from lra_msmra.attention import combiner as xla  # pylint: disable=g-import-not-at-top
+  member = g.real[:, None, :, :, None]
+  q_span, _ = xla._prefix_pool(g.pq, member, axis=axis, kind=pool,  # pylint: disable=protected-access
+                               reverse=reverse)
+  k_span, has = xla._prefix_pool(g.pk, member, axis=axis, kind=pool,  # pylint: disable=protected-access
+                                 reverse=reverse)
+  n, m = g.real.shape[1:]
+  rule = 'gt' if reverse else 'lt'
+  seed = seeds.next() if dropout_rate else None
+  if axis == 2:  # Along a column: column-major.
+    keys = Keys(_cols(g.k), _cols(g.v), _flag_cols(g.real),
+                GroupRule(n, 1, rule))
+    out = _flash_attend(_cols(q_span), keys, t, dropout_rate, seed)
+    b, h = out.shape[:2]
+    out = jnp.swapaxes(out.reshape(b, h, m, n, -1), 2, 3)
+  else:
+    keys = Keys(_rows(g.k), _rows(g.v), _flag_rows(g.real),
+                GroupRule(m, 1, rule))
+    out = _flash_attend(_rows(q_span), keys, t, dropout_rate, seed)
+    out = out.reshape(*out.shape[:2], n, m, -1)
+  return k_span, out, has[:, 0, :, :, 0]
+
+
+def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
+          plan: str, row_length: int, offset: int, causal: bool, pool: str,
+          summary_key: Optional[Callable[[Array], Array]] = None,
+          dropout_rate: float = 0.0, dropout_seed: Optional[Array] = None,
+          block: int = flash.DEFAULT_BLOCK) -> Array:
+  """Combiner-Axial (docs/mechanisms/combiner.md §2.2).
+
+  Args:
+    q: scaled queries `[batch, length, heads, d]`.
+    k, v: keys and values `[batch, length, heads, d]`.
+    pq, pk: the pooled forms of queries and keys (q and k, or DeepSets).
+    real: bool `[batch, length]`, True = real token.
+    plan: 'vertical', 'horizontal' or 'rowmajor'.
+    row_length: m.
+    offset: leading grid cells before the sequence (prefix tokens).
+    causal: LM form.
+    pool: 'max' or 'mean' (not used by rowmajor).
+    summary_key: rowmajor only: row outputs on the grid `[B, n, m, H, dv]`
+      -> their learned abstraction keys `[B, n, m, H, d]`.
+    dropout_rate: attention dropout (0: none).
+    dropout_seed: uint32 or int32 scalar, with dropout.
+    block: the kernels' tile (at most).
+
+  Returns:
+    `[batch, length, heads, dv]`; padded queries are not zeroed.
+  """
+  from lra_msmra.attention import combiner as xla  # pylint: disable=g-import-not-at-top
+  grid = lambda a: xla._to_grid(a, offset, row_length)  # pylint: disable=protected-access
+  g = _Grid(_grid_heads(grid(q)), _grid_heads(grid(k)), _grid_heads(grid(v)),
+            None, None, grid(real))
+  g = g._replace(pq=g.q if pq is q else _grid_heads(grid(pq)),
+                 pk=g.k if pk is k else _grid_heads(grid(pk)))
+  n, m = g.real.shape[1:]
+  t = tile(n * m, block)
+  seeds = Seeds(dropout_seed if dropout_rate else None)
+  spans = functools.partial(_spans, g, pool=pool, t=t,
+                            dropout_rate=dropout_rate, seeds=seeds)
+  row_keys = Keys(_rows(g.k), _rows(g.v), _flag_rows(g.real),
+                  GroupRule(m, 1, 'le' if causal else 'all'))
+  col_keys = Keys(_cols(g.k), _cols(g.v), _flag_cols(g.real),
+                  GroupRule(n, 1, 'lt' if causal else 'ne'))
+  queries = {'rows': _rows(g.q), 'cols': _cols(g.q)}
+
+  if plan == 'vertical':
+    # Query (r, c) reaches column c' != c above (below) its row through the
+    # summary stored at (r, c'): the kinds side by side in each row.
+    parts = [spans(axis=2, reverse=False)]
+    if not causal:
+      parts.append(spans(axis=2, reverse=True))
+    summaries = Keys(_stack_rows([p[0] for p in parts]),
+                     _stack_rows([p[1] for p in parts]),
+                     _flag_rows(jnp.stack([p[2] for p in parts], 2)),
+                     GroupRule(m, len(parts), 'ne'), direct=False)
+    keys = {'rows': [row_keys, summaries], 'cols': [col_keys]}
+  elif plan == 'horizontal':
+    # Query (r, c) reaches row r' != r (LM: r' < r) left (right) of its
+    # column through the summary stored at (r', c).
+    parts = [spans(axis=3, reverse=False), spans(axis=3, reverse=True)]
+    summaries = Keys(_stack_cols([p[0] for p in parts]),
+                     _stack_cols([p[1] for p in parts]),
+                     _flag_rows(jnp.stack([jnp.swapaxes(p[2], 1, 2)
+                                           for p in parts], 2)),
+                     GroupRule(n, 2, 'lt' if causal else 'ne'), direct=False)
+    keys = {'rows': [row_keys], 'cols': [col_keys, summaries]}
+  elif plan == 'rowmajor':
+    # Full attention inside each row (its local expectation for every
+    # column), then the learned abstraction keys (Flax, in the mechanism).
+    full_rows = row_keys._replace(rule=GroupRule(m, 1, 'all'))
+    row_out = _flash_attend(queries['rows'], full_rows, t, dropout_rate,
+                            seeds.next() if dropout_rate else None)
+    row_out = row_out.reshape(*g.q.shape[:4], -1)
+    key = _grid_heads(summary_key(jnp.transpose(row_out, (0, 2, 3, 1, 4))))
+    has = jnp.broadcast_to(jnp.any(g.real, axis=2)[:, :, None], g.real.shape)
+    summaries = Keys(_cols(key), _cols(row_out), _flag_cols(has),
+                     GroupRule(n, 1, 'lt' if causal else 'ne'), direct=False)
+    keys = {'rows': [row_keys], 'cols': [summaries]}
+  else:
+    raise ValueError(f'Unknown axial plan {plan!r}.')
+  out = _joint({layout: queries[layout] for layout in keys}, keys, n, m, t,
+               dropout_rate, seeds)
+  out = jnp.transpose(out.reshape(*g.q.shape[:4], -1), (0, 2, 3, 1, 4))
+  return xla._from_grid(out, offset, real.shape[1])  # pylint: disable=protected-access
