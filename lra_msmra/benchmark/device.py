@@ -446,23 +446,28 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
         mechanism=spec.name, kw=FrozenDict(kw), num_heads=heads,
         qkv_features=features, dtype=jnp.dtype(dtype), max_len=length)
 
-  def params_info(implementation: str, length: int):
+  def params_key(implementation: str, dtype: str, length: int):
+    return ('params', implementation, dtype, length)
+
+  def params_info(implementation: str, dtype: str, length: int):
     def make():
-      module = layer(implementation, 'float32', length)
+      module = layer(implementation, dtype, length)
 
       def init(key):
-        # Parameter shapes do not depend on the batch or the dtype.
-        return module.init(key, jnp.zeros((1, length, features)),
+        # Parameter shapes do not depend on the batch (one row here); an
+        # implementation may refuse a dtype, so the layer's is used.
+        return module.init(key, jnp.zeros((1, length, features), dtype),
                            padding_mask=jnp.ones((1, length), bool))
       return jax.jit(init).trace(jax.random.PRNGKey(0))
-    return {'params': inits.trace((implementation, length), make)['params']}
+    info = inits.trace(params_key(implementation, dtype, length), make)
+    return {'params': info['params']}
 
   def traced(implementation: str, setting: Setting, length: int):
     module = layer(implementation, setting.dtype, length)
     shape = (setting.batch, length, features)
     x = jax.ShapeDtypeStruct(shape, jnp.dtype(setting.dtype))
     mask = jax.ShapeDtypeStruct(shape[:2], jnp.bool_)
-    params = params_info(implementation, length)
+    params = params_info(implementation, setting.dtype, length)
     fn, args = attention_bench._jax_call(  # pylint: disable=protected-access
         setting.mode, lambda p, x, m: module.apply(p, x, padding_mask=m),
         params, x, mask, x)
@@ -511,7 +516,7 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
 
   def make_call(implementation: str, setting: Setting, length: int):
     def call(run_init, compiled):
-      variables = run_init((implementation, length))
+      variables = run_init(params_key(implementation, setting.dtype, length))
       x, mask, g = run_init(inputs_key(setting, length))
       args = ({'params': variables['params']}, x, mask)
       if setting.mode == 'fwd_bwd':
