@@ -9,8 +9,11 @@ Xiong et al. ListOps model ([32, 2048, 128] and friends) that loop was about a
 fifth of a training step on a 2-core machine, and the unrolled form draws the
 same mask about 5x faster.
 
-`use_unrolled_threefry()` registers the unrolled form for the CPU platform.
-It changes no value (the hash is integer arithmetic in both forms;
+`use_unrolled_threefry()` registers the unrolled form for the CPU platform,
+for the rest of the process. Nothing registers it by default: the main
+command does with `--cpu_unrolled_threefry` (results.json then records it,
+`in_effect()`), the benchmarks and `lra_msmra.scaling` do for their CPU
+timings. It changes no value (the hash is integer arithmetic in both forms;
 `tests/test_cpu_rng.py` compares bits drawn with and without it) and leaves
 other platforms alone. It reaches into JAX internals, so where they are
 missing (another JAX version) it does nothing and returns False.
@@ -37,3 +40,8 @@ def use_unrolled_threefry() -> bool:
   mlir.register_lowering(primitive, rule, platform='cpu')
   _applied = True
   return True
+
+
+def in_effect() -> bool:
+  """Whether `use_unrolled_threefry()` has registered the unrolled form."""
+  return _applied

@@ -1,5 +1,9 @@
-"""Where a result comes from: code commit, package versions, devices and host
-memory settings."""
+"""Where a result comes from: code commit, package versions, devices, host
+memory settings and the CPU-only options of the run.
+
+Importing this module does not import JAX (the benchmarks' parent process
+reads the host memory settings without it).
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,20 @@ import importlib.metadata
 import os
 import platform
 import subprocess
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-import jax
+from lra_msmra import cpu_rng
 
-from lra_msmra import cpu_malloc
+if TYPE_CHECKING:
+  import jax
 
 PACKAGES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy',
             'ml_collections')
+# glibc's tunable for huge pages in malloc (`lra_msmra.benchmark.cpu_malloc`
+# says why it matters to XLA:CPU) and the kernel's transparent huge page
+# mode.
+HUGETLB_TUNABLE = 'glibc.malloc.hugetlb'
+THP_MODE_FILE = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 
 def git_commit(path: Optional[str] = None) -> dict[str, Any]:
@@ -68,6 +78,7 @@ def versions() -> dict[str, str]:
 
 
 def devices(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
+  import jax  # pylint: disable=g-import-not-at-top
   devs = list(mesh.devices.flat) if mesh is not None else jax.devices()
   return {'platform': devs[0].platform,
           'device_kind': devs[0].device_kind,
@@ -84,11 +95,47 @@ def extend_history(history: Sequence[Mapping[str, Any]],
       dict(device, from_step=int(start), to_step=int(step))]
 
 
+def thp_mode(path: str = THP_MODE_FILE) -> Optional[str]:
+  """The kernel's transparent huge page mode (`always`, `madvise`, `never`),
+  None where it cannot be read (not Linux, no THP)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError:
+    return None
+  for word in text.split():
+    if word.startswith('[') and word.endswith(']'):
+      return word[1:-1]
+  return None
+
+
+def hugetlb_value(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+  """The value `GLIBC_TUNABLES` gives `glibc.malloc.hugetlb`, or None."""
+  value = None
+  for item in environ.get('GLIBC_TUNABLES', '').split(':'):
+    key, _, setting = item.partition('=')
+    if key == HUGETLB_TUNABLE:
+      value = setting  # The last one counts, as for glibc.
+  return value
+
+
+def host_memory(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+  """What decides how this process gets memory: the THP mode, the glibc
+  huge page tunable and any `MALLOC_*` variables."""
+  return {'transparent_hugepage': thp_mode(),
+          'glibc_malloc_hugetlb': hugetlb_value(environ),
+          'malloc_env': {k: v for k, v in sorted(environ.items())
+                         if k.startswith('MALLOC_')}}
+
+
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
-  """Code, versions, devices and host memory settings of this process, for
-  results.json (the memory settings change the speed, never the numbers:
-  `lra_msmra.cpu_malloc`)."""
+  """Code, versions, devices, host memory settings and CPU options of this
+  process, for results.json. The memory settings change the speed, never
+  the numbers (`lra_msmra.benchmark.cpu_malloc`); so does the unrolled
+  Threefry lowering on CPU (`lra_msmra.cpu_rng`, the main command's
+  `--cpu_unrolled_threefry`), which draws the same bits."""
   return {'code': dict(git_commit(), source_digest=source_digest()),
           'versions': versions(),
           'devices': devices(mesh),
-          'host_memory': cpu_malloc.describe()}
+          'host_memory': host_memory(),
+          'cpu_unrolled_threefry': cpu_rng.in_effect()}

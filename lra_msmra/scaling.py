@@ -526,7 +526,7 @@ def main(argv: Sequence[str]) -> int:
     raise SystemExit(f'{jax.device_count()} devices, --devices '
                      f'{args.devices}: start with XLA_FLAGS='
                      f'--xla_force_host_platform_device_count={args.devices}.')
-  cpu_rng.use_unrolled_threefry()  # As the trainer does (CPU only).
+  cpu_rng.use_unrolled_threefry()  # As --cpu_unrolled_threefry (CPU only).
   mesh = sharding.create_mesh(jax.devices()[:args.devices])
   results = []
   for path in args.paths:

@@ -64,8 +64,6 @@ import ml_collections
 import numpy as np
 
 from lra_msmra import checkpoint as checkpoint_lib
-from lra_msmra import cpu_malloc
-from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
 from lra_msmra import errors
 from lra_msmra import fingerprint as fingerprint_lib
@@ -509,7 +507,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     spec, abstract = validation.trace(config)
     # Fails here, before anything runs, if the config names no data source.
     data_lib.data_source(config)
-  cpu_rng.use_unrolled_threefry()  # Same dropout masks, drawn faster on CPU.
   workdir = os.path.abspath(workdir)
   created = not os.path.exists(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -630,9 +627,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       f'{config.protocol}: {num_params:,} parameters, {mesh.devices.size} '
       f'device(s), train {len(data.train)}, val {len(data.eval)}, test '
       f'{len(data.test)} examples.')
-  note = cpu_malloc.hint(jax.default_backend())
-  if note:
-    metrics_lib.log(note)
 
   jit_train_step, jit_eval_step = steps_lib.jit_steps(
       config, model, tx, schedule, mesh, state_sharding)

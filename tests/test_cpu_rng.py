@@ -51,3 +51,4 @@ def test_idempotent():
   from lra_msmra import cpu_rng
   assert cpu_rng.use_unrolled_threefry()
   assert cpu_rng.use_unrolled_threefry()
+  assert cpu_rng.in_effect()

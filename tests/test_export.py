@@ -93,8 +93,8 @@ def jobs(request):
 
 @pytest.fixture(scope='module')
 def mesh():
-  # As the trainer: its CPU-only Threefry lowering is registered, and must
-  # leave the TPU and GPU lowerings alone.
+  # As the main command's --cpu_unrolled_threefry: its CPU-only Threefry
+  # lowering is registered, and must leave the TPU and GPU lowerings alone.
   cpu_rng.use_unrolled_threefry()
   return sharding.create_mesh(jax.devices()[:8])
 

@@ -1,9 +1,13 @@
 """Where a result comes from, also without a git checkout."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 
 from lra_msmra import provenance
+from tests import helpers
 
 PACKAGE = os.path.dirname(os.path.abspath(provenance.__file__))
 
@@ -37,3 +41,38 @@ def test_history_entries_name_each_process_steps():
   assert both == [dict(cpu, from_step=0, to_step=250),
                   dict(gpu, from_step=250, to_step=500)]
   assert first == [dict(cpu, from_step=0, to_step=250)]  # Not modified.
+
+
+def test_host_memory_settings_are_read_from_the_environment(tmp_path):
+  path = tmp_path / 'enabled'
+  path.write_text('always [madvise] never\n')
+  assert provenance.thp_mode(str(path)) == 'madvise'
+  info = provenance.host_memory(
+      {'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=1', 'MALLOC_ARENA_MAX': '2'})
+  assert info['glibc_malloc_hugetlb'] == '1'
+  assert info['malloc_env'] == {'MALLOC_ARENA_MAX': '2'}
+
+
+def test_the_unrolled_threefry_is_the_main_commands_opt_in(tmp_path):
+  """Off unless `--cpu_unrolled_threefry` asks for it; results.json says
+  which (the bits are the same: tests/test_cpu_rng.py)."""
+  env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(1),
+             TF_CPP_MIN_LOG_LEVEL='3')
+  default = subprocess.run(
+      [sys.executable, '-c', 'from lra_msmra import provenance, train; '
+       'print(provenance.collect()["cpu_unrolled_threefry"])'],
+      cwd=helpers.ROOT, env=env, capture_output=True, text=True, check=True,
+      timeout=300).stdout
+  assert default.strip() == 'False'
+  subprocess.run(
+      [sys.executable, '-m', 'lra_msmra.main', '--config',
+       'tests/configs/tiny_listops.py:1', '--workdir', str(tmp_path),
+       '--config.eval_every_steps=1', '--config.num_eval_steps=1',
+       '--cpu_unrolled_threefry'],
+      cwd=helpers.ROOT, env=env, capture_output=True, text=True, check=True,
+      timeout=300)
+  with open(tmp_path / 'results.json') as f:
+    recorded = json.load(f)['provenance']
+  assert recorded['cpu_unrolled_threefry'] is True
+  assert set(recorded['host_memory']) == {
+      'transparent_hugepage', 'glibc_malloc_hugetlb', 'malloc_env'}

@@ -22,43 +22,22 @@ ListOps training steps ran 1.5 to 1.6 times faster with it. Nothing
 computed changes (the same programs run on the same data); only where the
 memory comes from. In `always` mode the kernel already does this
 for large mappings, and in `never` mode the tunable has no effect. This
-module only reads the settings and builds environments; it changes nothing
-in the running process.
+module only reads the settings (through `lra_msmra.provenance`, which
+records them in results.json) and builds environments for the benchmarks'
+worker processes; it changes nothing in the running process.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from typing import Mapping, Optional
+from typing import Mapping
 
-TUNABLE = 'glibc.malloc.hugetlb'
+from lra_msmra import provenance
+
+TUNABLE = provenance.HUGETLB_TUNABLE
 SETTING = f'{TUNABLE}=1'
-THP_MODE_FILE = '/sys/kernel/mm/transparent_hugepage/enabled'
-
-
-def thp_mode(path: str = THP_MODE_FILE) -> Optional[str]:
-  """The kernel's transparent huge page mode (`always`, `madvise`, `never`),
-  None where it cannot be read (not Linux, no THP)."""
-  try:
-    with open(path) as f:
-      text = f.read()
-  except OSError:
-    return None
-  for word in text.split():
-    if word.startswith('[') and word.endswith(']'):
-      return word[1:-1]
-  return None
-
-
-def hugetlb_value(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-  """The value `GLIBC_TUNABLES` gives `glibc.malloc.hugetlb`, or None."""
-  value = None
-  for item in environ.get('GLIBC_TUNABLES', '').split(':'):
-    key, _, setting = item.partition('=')
-    if key == TUNABLE:
-      value = setting  # The last one counts, as for glibc.
-  return value
+thp_mode = provenance.thp_mode
+hugetlb_value = provenance.hugetlb_value
 
 
 def with_hugepages(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -73,24 +52,6 @@ def with_hugepages(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 def describe(environ: Mapping[str, str] = os.environ) -> dict[str, object]:
   """What decides how this process gets memory: the THP mode, the glibc
-  huge page tunable and any `MALLOC_*` variables (for benchmark reports)."""
-  return {'transparent_hugepage': thp_mode(),
-          'glibc_malloc_hugetlb': hugetlb_value(environ),
-          'malloc_env': {k: v for k, v in sorted(environ.items())
-                         if k.startswith('MALLOC_')}}
-
-
-def hint(backend: str, environ: Mapping[str, str] = os.environ,
-         mode: Optional[str] = None, platform: str = sys.platform
-         ) -> Optional[str]:
-  """One line for the start of a CPU run that would gain from the tunable,
-  else None (other backends, not Linux, THP not in `madvise` mode, or the
-  tunable already set)."""
-  mode = thp_mode() if mode is None else mode
-  if (backend != 'cpu' or not platform.startswith('linux')
-      or mode != 'madvise' or hugetlb_value(environ) is not None):
-    return None
-  return (f'Note: GLIBC_TUNABLES={SETTING} in the environment gives '
-          "XLA:CPU's per-step buffers huge pages, which makes large steps "
-          'faster on this kind of machine (same results; docs/benchmarks.md, '
-          '"Page faults").')
+  huge page tunable and any `MALLOC_*` variables (for benchmark reports;
+  `lra_msmra.provenance.host_memory`)."""
+  return provenance.host_memory(environ)

@@ -12,7 +12,7 @@ import os
 import platform
 from typing import Any, Iterable, Optional, Sequence
 
-from lra_msmra import cpu_malloc
+from lra_msmra.benchmark import cpu_malloc
 from lra_msmra.benchmark import memory
 
 

@@ -11,7 +11,8 @@
   with `block_until_ready`; the median is reported (`time_calls`), with the
   minor page faults of the whole process per timed call: memory touched for
   the first time, which on the CPU backend is XLA's per-call temporary
-  buffer (`lra_msmra.cpu_malloc` says why and what to do about it).
+  buffer (`lra_msmra.benchmark.cpu_malloc` says why and what to do about
+  it).
 * A worker's environment is the command's, or one given to `run_worker`
   (the attention benchmark's `--hugepages`).
 * A watchdog kills a worker whose resident memory passes the (host) budget

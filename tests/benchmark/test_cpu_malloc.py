@@ -1,9 +1,10 @@
-"""The huge page setting for XLA:CPU's buffers: reading and building it."""
+"""The huge page setting for XLA:CPU's buffers: reading and building it
+(lra_msmra/benchmark/cpu_malloc.py; the readers live in provenance.py)."""
 
 import subprocess
 import sys
 
-from lra_msmra import cpu_malloc
+from lra_msmra.benchmark import cpu_malloc
 
 
 def test_the_tunable_is_read_from_glibc_tunables():
@@ -35,24 +36,16 @@ def test_thp_mode_is_the_bracketed_word(tmp_path):
   assert cpu_malloc.thp_mode(str(tmp_path / 'missing')) is None
 
 
-def test_hint_only_where_the_tunable_would_help():
-  hint = lambda **kw: cpu_malloc.hint(**{
-      'backend': 'cpu', 'environ': {}, 'mode': 'madvise', 'platform': 'linux',
-      **kw})
-  assert 'GLIBC_TUNABLES=glibc.malloc.hugetlb=1' in hint()
-  assert hint(backend='gpu') is None
-  assert hint(mode='always') is None  # The kernel already does it.
-  assert hint(mode='never') is None
-  assert hint(platform='darwin') is None
-  assert hint(environ={'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=0'}) is None
-
-
 def test_describe_reports_what_a_child_process_was_given():
   env = cpu_malloc.with_hugepages({'MALLOC_ARENA_MAX': '2'})
   out = subprocess.run(
-      [sys.executable, '-c', 'import json; from lra_msmra import cpu_malloc; '
-       'print(json.dumps(cpu_malloc.describe()))'],
+      [sys.executable, '-c', 'import json, sys; '
+       'from lra_msmra.benchmark import cpu_malloc; '
+       'print(json.dumps(cpu_malloc.describe())); '
+       # The benchmarks' parent process reads it without JAX.
+       'print("jax" in sys.modules)'],
       env=env, capture_output=True, text=True, check=True).stdout
   assert '"glibc_malloc_hugetlb": "1"' in out
   assert '"malloc_env": {"MALLOC_ARENA_MAX": "2"}' in out
+  assert out.splitlines()[-1] == 'False'
 

@@ -3,7 +3,7 @@ and how they predict it."""
 
 import pytest
 
-from lra_msmra import cpu_malloc
+from lra_msmra.benchmark import cpu_malloc
 from lra_msmra.benchmark import memory
 from lra_msmra.benchmark import workers
 
