@@ -29,12 +29,15 @@ IGNORED_KEYS = ('seed', 'data_dir', 'data.generate', 'data.generator',
                 'grad_accum_steps')
 
 
-# Config keys added after runs were recorded, with the value those runs had
-# implicitly: at that value a key is left out of a setting and of a config
-# comparison, so a run that sets it is the same experiment as one recorded
-# before it existed. `model.attention_kw.implementation`: how the attention
-# is computed (lra_msmra.kernels); 'xla' is the code every run used before.
-IMPLICIT_DEFAULTS = {'model.attention_kw.implementation': 'xla'}
+# Config keys added after runs were recorded, with the values that compute
+# what those runs computed without the key: at such a value a key is left
+# out of a setting and of a config comparison, so a run that sets it is the
+# same experiment as one recorded before it existed.
+# `model.attention_kw.implementation`: how the attention is computed
+# (lra_msmra.kernels); 'xla' is the code every run used before, and
+# 'xla_rows' the same code one batch row at a time (the same values up to
+# float32 rounding, like eval_batch_size above).
+IMPLICIT_DEFAULTS = {'model.attention_kw.implementation': ('xla', 'xla_rows')}
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:
@@ -56,13 +59,13 @@ def _ignored(key: str) -> bool:
 def without_implicit_defaults(tree: Mapping[str, Any], prefix: str = ''
                               ) -> dict[str, Any]:
   """A copy of a config, nested or flattened, without the keys of
-  `IMPLICIT_DEFAULTS` that hold their implicit value."""
+  `IMPLICIT_DEFAULTS` that hold one of their implicit values."""
   out = {}
   for key, value in tree.items():
     name = f'{prefix}{key}'
     if isinstance(value, Mapping):
       out[key] = without_implicit_defaults(value, name + '.')
-    elif name not in IMPLICIT_DEFAULTS or IMPLICIT_DEFAULTS[name] != value:
+    elif value not in IMPLICIT_DEFAULTS.get(name, ()):
       out[key] = value
   return out
 
@@ -98,8 +101,8 @@ def fingerprint(values: Mapping[str, Any]) -> str:
 
 def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
   """The keys of either mapping whose values differ (a missing key reads
-  as None), sorted. Keys of `IMPLICIT_DEFAULTS` at their implicit value
-  count as missing, at any depth."""
+  as None), sorted. Keys of `IMPLICIT_DEFAULTS` at an implicit value count
+  as missing, at any depth."""
   a, b = without_implicit_defaults(a), without_implicit_defaults(b)
   return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 

@@ -28,6 +28,10 @@ def test_the_xla_implementation_is_the_setting_of_earlier_runs():
   assert fingerprint.differing_keys(old, config) == []
   assert fingerprint.differing_keys(fingerprint.flatten(old),
                                     fingerprint.flatten(config)) == []
+  # The same code one batch row at a time: the same experiment.
+  config['model']['attention_kw']['implementation'] = 'xla_rows'
+  assert fingerprint.setting(config, SOURCE) == fingerprint.setting(
+      old, SOURCE)
 
 
 def test_another_implementation_is_another_setting():
