@@ -39,6 +39,12 @@ bfloat16. The fraction of real tokens routed to each head is sown into
 `metrics` (`route_fraction/head_{h}`), `router_probs` and `gate` into
 `intermediates`. There is no causal form: `causal=True` raises
 `NotImplementedError`.
+
+`implementation='pallas'` computes the query side (the routed head's map,
+features, summaries, normalisation and gate, forward and backward) as fused
+Pallas kernels (`lra_msmra.kernels.adamra`), every knob value included; the
+parameters, the router, the key-side summaries and the output projection
+are the same code (docs/mechanisms/adamra.md §11).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from lra_msmra.attention import base
+from lra_msmra.kernels import adamra as routed_kernels
 
 Array = jax.Array
 
@@ -238,7 +245,7 @@ class SubheadProjection(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, head: Optional[int] = None,
-               choice: Optional[Array] = None) -> Array:
+               choice: Optional[Array] = None, weights: bool = False) -> Any:
     """Projects `x` with every head's map, with one head's, or per query.
 
     Args:
@@ -246,10 +253,12 @@ class SubheadProjection(nn.Module):
       head: use head `head`'s map (per-head maps only).
       choice: int `[b, n]`; project each query with its routed head's map
         (per-head maps only; see `_routed`).
+      weights: return the maps instead, for a fused kernel to apply.
 
     Returns:
       `[..., H, S, head_dim]` for all heads of per-head maps, else
-      `[..., S, head_dim]`.
+      `[..., S, head_dim]`; with `weights`, the kernel `[(H,) in, S,
+      head_dim]` and the bias `[(H,) S, head_dim]` (or None) in `dtype`.
     """
     out = (self.num_subheads, self.head_dim)
     lead = () if self.num_resolution_heads is None else (
@@ -259,6 +268,8 @@ class SubheadProjection(nn.Module):
     bias = (self.param('bias', self.bias_init, lead + out, jnp.float32)
             if self.use_bias else None)
     kernel = kernel.astype(self.dtype)
+    if weights:
+      return kernel, None if bias is None else bias.astype(self.dtype)
     x = x.astype(self.dtype)
     if lead and choice is not None:
       def project(params):
@@ -304,6 +315,8 @@ class AdaMRAAttention(base.Attention):
   projections: str = 'stacked'
   feature_map: str = 'relu'
   epsilon: float = 1e-6
+
+  IMPLEMENTATIONS = ('xla', 'pallas')
 
   def check_knobs(self) -> None:
     segment_lengths(self.compression_rates)
@@ -419,6 +432,29 @@ class AdaMRAAttention(base.Attention):
                                 phi_k.shape[:3])
     return jnp.where(mask[..., None], phi_k / keep, 0.0)
 
+  def _routed_kernel(self, q: Array, choice: Array, gate: Array,
+                     kv: list[Array], z: list[Array],
+                     head_query: Callable[[int], Array],
+                     sub_q: Optional[nn.Module]) -> Array:
+    """The query side as fused kernels (`implementation='pallas'`).
+
+    `lra_msmra.kernels.adamra.routed_attention`: per tile of queries, the
+    routed head's map (`'stacked'`), features, summaries, normalisation and
+    gate, and its backward pass; the same function as the XLA code below
+    it, straight-through router gradient included.
+    """
+    if sub_q is not None:
+      weight, bias = sub_q(q, weights=True)
+      q_in = q
+    else:
+      weight = bias = None
+      q_in = head_query(0)  # The same for every head.
+    return routed_kernels.routed_attention(
+        q_in, jnp.stack(kv, axis=1), jnp.stack(z, axis=1), choice, gate,
+        weight=weight, bias=bias, feature_map=self.feature_map,
+        epsilon=self.epsilon,
+        all_gate_gradients=self.router_gate == 'straight_through')
+
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
@@ -487,25 +523,30 @@ class AdaMRAAttention(base.Attention):
       return (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv[h]),
               jnp.einsum('bnsk,bsk->bns', phi_q, z[h]))
 
-    # Query side: only the routed head, selected per query (see the module
-    # docstring), so these arrays are [b, n, S, d] rather than [b, n, H, ...].
-    if self.projections == 'stacked':
-      q_sel = sub_q(q, choice=choice)
+    if self.implementation == 'pallas':
+      y = self._routed_kernel(q, choice, gate, kv, z, head_query,
+                              sub_q if self.projections == 'stacked' else None)
     else:
-      q_sel = head_query(0)  # The same for every head.
-    phi_q = _feature(q_sel.astype(jnp.float32), self.feature_map)
-    num, den = _routed(
-        choice,
-        lambda kv_z: (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv_z[0]),
-                      jnp.einsum('bnsk,bsk->bns', phi_q, kv_z[1])),
-        (jnp.stack(kv), jnp.stack(z)),
-        (jnp.zeros_like(phi_q), jnp.zeros(phi_q.shape[:-1], jnp.float32)))
-    gate_sel = jnp.take_along_axis(gate, choice[..., None], axis=-1)[..., 0]
-    # As dense-and-mask computes it: gate / (den + eps), times the numerator.
-    y = num * (gate_sel[..., None] / (den + self.epsilon))[..., None]
-    if self.router_gate == 'straight_through':
-      y = self._straight_through_term(
-          y, choice, gate, head_query, kernel_attention, phi_q)
+      # Query side: only the routed head, selected per query (see the
+      # module docstring), so these arrays are [b, n, S, d] rather than
+      # [b, n, H, ...].
+      if self.projections == 'stacked':
+        q_sel = sub_q(q, choice=choice)
+      else:
+        q_sel = head_query(0)  # The same for every head.
+      phi_q = _feature(q_sel.astype(jnp.float32), self.feature_map)
+      num, den = _routed(
+          choice,
+          lambda kv_z: (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv_z[0]),
+                        jnp.einsum('bnsk,bsk->bns', phi_q, kv_z[1])),
+          (jnp.stack(kv), jnp.stack(z)),
+          (jnp.zeros_like(phi_q), jnp.zeros(phi_q.shape[:-1], jnp.float32)))
+      gate_sel = jnp.take_along_axis(gate, choice[..., None], axis=-1)[..., 0]
+      # As dense-and-mask computes it: gate / (den + eps), times the numerator.
+      y = num * (gate_sel[..., None] / (den + self.epsilon))[..., None]
+      if self.router_gate == 'straight_through':
+        y = self._straight_through_term(
+            y, choice, gate, head_query, kernel_attention, phi_q)
     y = y.astype(self.dtype)
     y = self.output_projection(out_features)(y)
     return y[:, :length]
