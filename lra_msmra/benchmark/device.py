@@ -698,6 +698,9 @@ def predict_seconds(history: Sequence[tuple[int, float]], length: int
   return t1 * (length / n1) ** exponent
 
 
+NO_TIME_TO_COMPILE = 'no time left to compile (--compile_share of the budget)'
+
+
 def _compile(lowered: Any) -> tuple[Any, float]:
   """(compiled program, seconds the compile took) of a lowered one."""
   t0 = time.perf_counter()
@@ -706,14 +709,16 @@ def _compile(lowered: Any) -> tuple[Any, float]:
 
 
 def _compile_phase(points: list[Point], pool, chains: _Chains, *,
-                   threads: int, deadline: float,
-                   budget: Optional[float]) -> None:
+                   threads: int, deadline: float, grace: float,
+                   budget: Optional[float]) -> int:
   """Lowers every point (in this thread) and compiles it on `pool`.
 
   Each chain goes from short to long, one point in flight at a time; at
   most `threads` chains are in flight, the most important first (the
   order of `points`), so that what the deadline cuts is the least
-  important. Records what does not get compiled.
+  important. No compile starts after `deadline`; one still running
+  `grace` seconds after it is left behind ('not run'). Records what does
+  not get compiled; returns the number of compiles left behind.
   """
   by_chain: dict[Any, collections.deque] = {}
   for p in points:
@@ -732,8 +737,7 @@ def _compile_phase(points: list[Point], pool, chains: _Chains, *,
     while todo:
       p = todo.popleft()
       if time.time() > deadline:
-        p.record.update(status='not run', reason='no time left to compile '
-                        '(--compile_share of the budget)')
+        p.record.update(status='not run', reason=NO_TIME_TO_COMPILE)
         _emit('record', record=p.record)
         continue
       if chains.skip(p):
@@ -769,7 +773,18 @@ def _compile_phase(points: list[Point], pool, chains: _Chains, *,
   fill()
   while active:
     done, _ = concurrent.futures.wait(
-        active, return_when=concurrent.futures.FIRST_COMPLETED)
+        active, timeout=max(0.0, deadline + grace - time.time()),
+        return_when=concurrent.futures.FIRST_COMPLETED)
+    if not done:
+      for p in active.values():
+        p.record.update(status='not run', reason='its compile had not '
+                        f'ended {grace:.0f} s after the compile deadline')
+        _emit('record', record=p.record)
+      for todo in by_chain.values():
+        for p in todo:
+          p.record.update(status='not run', reason=NO_TIME_TO_COMPILE)
+          _emit('record', record=p.record)
+      return len(active)
     for future in done:
       p = active.pop(future)
       try:
@@ -788,6 +803,7 @@ def _compile_phase(points: list[Point], pool, chains: _Chains, *,
           finish(p, 'does not fit', f'XLA assigns {peak / memory.GIB:.1f} '
                  f'GiB > budget {budget / memory.GIB:.1f} GiB')
     fill()
+  return 0
 
 
 def _time_phase(points: list[Point], inits: _Inits, chains: _Chains, *,
@@ -872,23 +888,25 @@ def worker_main(payload: dict[str, Any]) -> None:
     _emit('fatal', reason=f'{type(e).__name__}: {str(e)[:1500]}')
     return
   _emit('plan', records=[p.record for p in points])
-  _compile_phase(points, pool, chains, threads=payload['compile_threads'],
-                 deadline=payload['compile_deadline'], budget=budget)
+  left_behind = _compile_phase(
+      points, pool, chains, threads=payload['compile_threads'],
+      deadline=payload['compile_deadline'],
+      grace=payload['compile_grace_s'], budget=budget)
   info = dict(environment.jax_device_info(), jax_version=jax.__version__,
               jaxlib_version=jaxlib.__version__)
   _emit('ready', device=info, memory_at_start=stats,
         memory_at_ready=_device_budget()[1],
         compile_phase_s=time.time() - started,
-        compiled=sum(p.compiled is not None for p in points))
+        compiled=sum(p.compiled is not None for p in points),
+        compiles_left_behind=left_behind)
   line = sys.stdin.readline()
-  if not line:
-    return
-  _time_phase(points, inits, chains, until=json.loads(line)['time_until'],
-              payload=payload)
-  _emit('done')
+  if line:  # Else the driver has gone.
+    _time_phase(points, inits, chains,
+                until=json.loads(line)['time_until'], payload=payload)
+    _emit('done')
   sys.stdout.flush()
-  # Compiles still running on the pool (none, normally) must not hold the
-  # process: the driver waits for it to exit.
+  # Compiles left behind on the pool must not hold the process (the driver
+  # waits for it to exit).
   os._exit(0)  # pylint: disable=protected-access
 
 
@@ -921,7 +939,8 @@ def _payload(args: argparse.Namespace, variant: Variant,
           'max_point_seconds': args.max_point_seconds,
           'point_timeout_s': args.point_timeout_s,
           'compile_threads': args.compile_threads,
-          'compile_deadline': compile_deadline}
+          'compile_deadline': compile_deadline,
+          'compile_grace_s': _compile_grace(args) / 2}
 
 
 def _start(variant: Variant, payload: dict[str, Any],
@@ -981,6 +1000,13 @@ def _stop(worker: _Worker) -> None:
     worker.proc.wait(timeout=30)
   except subprocess.TimeoutExpired:
     pass
+
+
+def _compile_grace(args: argparse.Namespace) -> float:
+  """Seconds past the compile deadline after which the driver stops a
+  worker that has not finished compiling; a worker leaves its own
+  compiles behind after half of it."""
+  return max(30.0, 0.1 * args.budget_s)
 
 
 # A training step takes about as long to time as this many layer points.
@@ -1045,7 +1071,7 @@ def run(args: argparse.Namespace, argv: Sequence[str],
 
   # Compile phase: until every worker is ready (or gone), with a grace
   # period past the deadline for compiles already running.
-  grace = compile_deadline + max(30.0, 0.1 * args.budget_s)
+  grace = compile_deadline + _compile_grace(args)
   while any(w.state == 'compiling' for w in pool):
     pump(0.5)
     if time.time() > grace:

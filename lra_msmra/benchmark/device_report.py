@@ -428,13 +428,15 @@ def markdown(report: Mapping[str, Any], *, image: Optional[str] = None,
   missing = _not_measured(report)
   if missing:
     lines += ['### Points not measured', ''] + missing + ['']
-  stopped = [w for w in report.get('workers', []) if w.get('state') ==
-             'stopped']
-  if stopped:
-    lines += ['### Workers stopped', ''] + [
-        f'- {w["kind"]} `{w["name"]}`: '
-        f'{w.get("killed") or w.get("fatal") or "exited"}'
-        for w in stopped] + ['']
+  notes = [f'- {w["kind"]} `{w["name"]}` stopped: '
+           f'{w.get("killed") or w.get("fatal") or "exited"}'
+           for w in report.get('workers', []) if w.get('state') == 'stopped']
+  notes += [f'- {w["kind"]} `{w["name"]}` left {w["compiles_left_behind"]} '
+            'compile(s) running past the compile phase, beside the timed '
+            'points' for w in report.get('workers', [])
+            if w.get('compiles_left_behind')]
+  if notes:
+    lines += ['### Workers', ''] + notes + ['']
   return '\n'.join(lines)
 
 

@@ -2,12 +2,15 @@
 roofline model against hand-computed bytes, the target verdicts, the
 markdown and docs section, and launch/gpu_benchmark.sh in --dry_run mode."""
 
+import concurrent.futures
 import dataclasses
 import json
 import os
 import shlex
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -153,6 +156,86 @@ def test_predict_seconds_and_oom():
   assert device.out_of_memory(RuntimeError('RESOURCE_EXHAUSTED: Out of '
                                            'memory while trying'))
   assert not device.out_of_memory(ValueError('shapes'))
+
+
+class FakeCompiled:
+  """What `_compile_phase` reads of a compiled program."""
+
+  def __init__(self, peak):
+    self.peak = peak
+
+  def memory_analysis(self):
+    return types.SimpleNamespace(
+        argument_size_in_bytes=self.peak, output_size_in_bytes=0,
+        temp_size_in_bytes=0, alias_size_in_bytes=0)
+
+  def cost_analysis(self):
+    return {}
+
+
+class FakeLowered:
+
+  def __init__(self, peak, seconds):
+    self.peak, self.seconds = peak, seconds
+
+  def compile(self):
+    time.sleep(self.seconds)
+    return FakeCompiled(self.peak)
+
+
+def fake_point(chain, length, peak=1, seconds=0.0, error=None):
+  rec = {'kind': 'layer', 'variant': 'v', 'implementation': chain,
+         'setting': 's', 'length': length}
+
+  def lower():
+    if error:
+      raise error
+    return FakeLowered(peak, seconds), {}
+  return device.Point(rec, chain, length, lower, None)
+
+
+def test_compile_phase_memory_and_availability():
+  gib = 2 ** 30
+  points = [fake_point('a', 1024, 1 * gib), fake_point('a', 2048, 8 * gib),
+            fake_point('a', 4096, 1 * gib), fake_point('a', 8192, 1 * gib)]
+  points += [fake_point('b', n, error=device.NotAvailable('no kernel'))
+             for n in (1024, 2048)]
+  points += [fake_point('c', 1024, 20 * gib), fake_point('c', 2048)]
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    left = device._compile_phase(  # pylint: disable=protected-access
+        points, pool, device._Chains(), threads=2,  # pylint: disable=protected-access
+        deadline=time.time() + 60, grace=10, budget=10 * gib)
+  assert left == 0
+  got = [(p.record['implementation'], p.length, p.record.get('status'),
+          p.record.get('reason')) for p in points]
+  assert got[:2] == [('a', 1024, None, None), ('a', 2048, None, None)]
+  # 8 GiB at 2K after 1 GiB at 1K: growth clipped to N^2.5, 45 GiB at 4K.
+  assert got[2][2] == 'does not fit' and 'predicted peak 45.3 GiB' in got[2][3]
+  assert got[3][2:] == ('does not fit', 'N=4096 was does not fit')
+  assert got[4][2:] == got[5][2:] == ('not available', 'no kernel')
+  assert got[6][2] == 'does not fit' and 'XLA assigns 20.0 GiB' in got[6][3]
+  assert got[7][2:] == ('does not fit', 'N=1024 was does not fit')
+  assert points[0].compiled is not None and points[6].compiled is None
+  assert points[0].record['xla_peak_bytes'] == gib
+
+
+def test_compile_phase_deadline():
+  points = [fake_point('a', 1024, seconds=3.0), fake_point('a', 2048),
+            fake_point('b', 1024)]
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  start = time.time()
+  left = device._compile_phase(  # pylint: disable=protected-access
+      points, pool, device._Chains(), threads=1,  # pylint: disable=protected-access
+      deadline=start + 0.5, grace=0.3, budget=None)
+  assert time.time() - start < 2.5  # The slow compile was left behind.
+  pool.shutdown(wait=False)
+  assert left == 1
+  assert points[0].record['status'] == 'not run'
+  assert 'had not ended 0 s after' in points[0].record['reason']
+  # The rest of chain 'a', and chain 'b', which waited for the one thread.
+  for p in points[1:]:
+    assert p.record['status'] == 'not run'
+    assert p.record['reason'] == device.NO_TIME_TO_COMPILE
 
 
 # -------------------------------------------------------------- verdicts
