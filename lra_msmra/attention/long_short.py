@@ -42,6 +42,9 @@ in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
 `_layer_norm_bwd`. `implementation='xla_rows'` evaluates the same code on
 CPU one batch row at a time (`lra_msmra.kernels.cpu_rows`), faster there
 without differentiation (docs/benchmarks.md, "Page faults").
+`implementation='pallas'` runs the attention core (`_attend`) as one fused
+Pallas flash attention, forward and backward (`lra_msmra.kernels.long_short`;
+it sows no `probs`, and its dropout mask is the kernel's).
 
 Intermediates (`mutable=['intermediates']`): `projection` (P; bidirectional
 `[B, N, H, r]`, causal `[B, chunks, l, H, r]`), `compressed_keys` (LN_G(K̄);
@@ -71,6 +74,7 @@ import jax.numpy as jnp
 
 from lra_msmra.attention import base
 from lra_msmra.kernels import cpu_rows
+from lra_msmra.kernels import long_short as fused
 from lra_msmra.kernels import xla_layout
 
 Array = jax.Array
@@ -384,8 +388,9 @@ class LongShortAttention(base.Attention):
   normalize_before_compress: Optional[bool] = None
 
   # 'xla_rows' evaluates on CPU one batch row at a time
-  # (`lra_msmra.kernels.cpu_rows`).
-  IMPLEMENTATIONS = ('xla', cpu_rows.IMPLEMENTATION)
+  # (`lra_msmra.kernels.cpu_rows`); 'pallas' fuses the attention core
+  # (`lra_msmra.kernels.long_short`).
+  IMPLEMENTATIONS = ('xla', cpu_rows.IMPLEMENTATION, fused.IMPLEMENTATION)
 
   def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
                deterministic: bool = True, **kwargs) -> Array:
@@ -482,34 +487,63 @@ class LongShortAttention(base.Attention):
           k_src, v_src, scores, ln_global, padding_mask) if r else None
       left = right = window_extension(w)
     window = (k_local, v_local, padding_mask) if w else None
-    slots = ((projected[0].shape[1] if r else 0)
-             + (left + w + right if w else 0))
 
-    dropout_mask = None
-    if not deterministic and self.dropout_rate > 0.0:
-      # The same draw as `base.attention_dropout` on the joint weights.
-      dropout_mask = jax.random.bernoulli(
-          self.make_rng('dropout'), 1.0 - self.dropout_rate,
-          (q.shape[0], self.num_heads, q.shape[1], slots))
-    config = _AttendConfig(window_size=w, left=left, right=right,
-                           causal=self.causal,
-                           keep_prob=1.0 - self.dropout_rate)
-    out, probs = _attend_recomputed(config, q, projected, window,
-                                    padding_mask, dropout_mask)
-
-    if not self.is_initializing():
-      self.sow('intermediates', 'probs', jnp.concatenate(probs, -1))
-      if r and w:
-        real = padding_mask[:, None, :].astype(jnp.float32)
-        mass = jnp.sum(probs[0], -1)
-        self.sow('metrics', 'long_range_mass',
-                 jnp.sum(mass * real) / jnp.maximum(
-                     jnp.sum(real) * self.num_heads, 1.0))
+    mass = None
+    if self.implementation == fused.IMPLEMENTATION:
+      out, mass = self._attend_fused(q, projected, window, padding_mask,
+                                     chunk, deterministic)
+    else:
+      slots = ((projected[0].shape[1] if r else 0)
+               + (left + w + right if w else 0))
+      dropout_mask = None
+      if not deterministic and self.dropout_rate > 0.0:
+        # The same draw as `base.attention_dropout` on the joint weights.
+        dropout_mask = jax.random.bernoulli(
+            self.make_rng('dropout'), 1.0 - self.dropout_rate,
+            (q.shape[0], self.num_heads, q.shape[1], slots))
+      config = _AttendConfig(window_size=w, left=left, right=right,
+                             causal=self.causal,
+                             keep_prob=1.0 - self.dropout_rate)
+      out, probs = _attend_recomputed(config, q, projected, window,
+                                      padding_mask, dropout_mask)
+      if not self.is_initializing():
+        self.sow('intermediates', 'probs', jnp.concatenate(probs, -1))
+        if r and w:
+          mass = jnp.sum(probs[0], -1)
+    if mass is not None:
+      real = padding_mask[:, None, :].astype(jnp.float32)
+      self.sow('metrics', 'long_range_mass',
+               jnp.sum(mass * real) / jnp.maximum(
+                   jnp.sum(real) * self.num_heads, 1.0))
 
     if self.conv_kernel_size:
       out = out + self._value_conv(v_local, padding_mask)
     y = self.output_projection(out_features)(out.astype(self.dtype))
     return y[:, :length]
+
+  def _attend_fused(self, q, projected, window, padding_mask, chunk,
+                    deterministic):
+    """The attention core as one fused kernel (`implementation='pallas'`).
+
+    Same function as `_attend_recomputed` (whose `probs` it cannot sow);
+    returns the output and, when the `metrics` collection is collected and
+    both parts are present, the landmark weight per query.
+    """
+    r = self.num_landmarks
+    geometry = fused.Geometry(self.window_size, r, self.causal, chunk)
+    landmarks = None
+    if r:
+      landmarks = (projected[0], projected[1],
+                   fused.landmark_flags(padding_mask, geometry))
+    seed, rate = None, 0.0
+    if not deterministic and self.dropout_rate > 0.0:
+      rate = self.dropout_rate
+      seed = jax.random.bits(self.make_rng('dropout'), (), jnp.uint32)
+    with_mass = bool(r and self.window_size and not self.is_initializing()
+                     and self.is_mutable_collection('metrics'))
+    return fused.attend(q, landmarks, window, padding_mask, geometry,
+                        dropout_rate=rate, dropout_seed=seed,
+                        long_range_mass=with_mass)
 
   # -- bidirectional --------------------------------------------------------
 

@@ -53,6 +53,9 @@ from lra_msmra.kernels import flash
 Array = jax.Array
 
 IMPLEMENTATION = 'pallas'
+# Queries and keys per kernel tile (read at each call: tests lower it to
+# get several tiles from short sequences).
+BLOCK = flash.DEFAULT_BLOCK
 
 
 class Geometry(NamedTuple):
@@ -148,7 +151,7 @@ def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
            window: Optional[tuple[Array, Array, Array]], query_mask: Array,
            geometry: Geometry, *, dropout_rate: float = 0.0,
            dropout_seed: Optional[Array] = None,
-           block: int = flash.DEFAULT_BLOCK, long_range_mass: bool = False
+           block: Optional[int] = None, long_range_mass: bool = False
            ) -> tuple[Array, Optional[Array]]:
   """One joint softmax over the window keys and the landmarks, fused.
 
@@ -168,7 +171,8 @@ def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
     dropout_rate: attention dropout on the joint weights (0: none).
     dropout_seed: int32 or uint32 scalar drawn from the dropout RNG;
       required with dropout.
-    block: queries and keys per kernel tile (`flash.tile_size`).
+    block: queries and keys per kernel tile (`flash.tile_size`); None:
+      `BLOCK`.
     long_range_mass: also return each query's total weight on the landmarks
       (before dropout).
 
@@ -197,7 +201,7 @@ def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
   # The kernel is heads-major: one (batch, head) is a contiguous matrix.
   heads_major = lambda a: a.transpose(0, 2, 1, 3)
   longest = max(length, landmarks[0].shape[1] if landmarks else 0)
-  tile = flash.tile_size(longest, block)
+  tile = flash.tile_size(longest, block or BLOCK)
   q_h = flash._pad(heads_major(q), 2, tile)  # pylint: disable=protected-access
   window_args = extra_args = None
   if window is not None:
