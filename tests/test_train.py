@@ -282,6 +282,34 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   assert strip(_metrics(workdir)) == strip(_metrics(full_dir))
 
 
+def test_a_checkpoint_without_the_metrics_window_marks_the_record_partial(
+    tmp_path, monkeypatch):
+  """A checkpoint written before the window was saved with it: the first
+  record after the resume averages fewer steps, and says how many."""
+  workdir = str(tmp_path)
+  get = pipeline.TrainBatches.get
+
+  def get_and_interrupt(self, k):
+    if k == 2:  # Saves step 3, in the middle of the window of steps 3-4.
+      os.kill(os.getpid(), signal.SIGINT)
+    return get(self, k)
+
+  monkeypatch.setattr(pipeline.TrainBatches, 'get', get_and_interrupt)
+  with pytest.raises(train.Preempted):
+    train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
+  monkeypatch.setattr(pipeline.TrainBatches, 'get', get)
+  path = os.path.join(workdir, 'checkpoints', '3', 'meta', 'metadata')
+  meta = json.load(open(path))
+  assert meta['metrics_window']['steps'] == [2]  # Step 3 (0-based 2).
+  del meta['metrics_window']
+  with open(path, 'w') as f:
+    json.dump(meta, f)
+  train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
+  records = {r['step']: r for r in _metrics(workdir)}
+  assert records[4]['train/partial_window_steps'] == 1
+  assert 'train/partial_window_steps' not in records[2]
+
+
 def test_second_ctrl_c_stops_at_once():
   before = signal.getsignal(signal.SIGINT)
   with train._SigtermFlag() as flag:  # pylint: disable=protected-access
