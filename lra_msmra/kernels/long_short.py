@@ -33,10 +33,15 @@ landmark weight of query i is exp(lse_landmarks_i - lse_i), with
 lse_landmarks from one more forward pass over the landmarks alone (N r d
 work, no gradient), computed only when the metric is collected.
 
-The flash kernel returns its log-sum-exp only internally, so `_fused` wraps
-its forward and backward passes (`flash._forward`, `flash._backward`) in a
-custom VJP that also returns it; this is the one place that reads flash's
-private functions.
+Attention dropout is the flash kernel's: a keep mask hashed from a seed of
+the layer's dropout RNG (`flash.keep_mask`, window keys counted by sequence
+position, landmarks by index), redrawn in the backward pass; the same rate
+as the 'xla' core's `jax.random` mask, other bits.
+
+`flash.flash_attention` returns its output only, so this module calls the
+pieces behind it (`flash._Static`, `_forward`, `_backward`, `_pad`,
+`_flags`): `_fused` is flash's custom VJP with the log-sum-exp also
+returned. They go once flash returns the log-sum-exp itself.
 """
 
 from __future__ import annotations
