@@ -42,6 +42,10 @@ Cost per layer and head: local logits `[n, L, alpha L]`, global logits
 Diagnostics: `slice_embedding` and `global_output` (`[B, n, D]`) are sown
 into `intermediates`, the root-mean-square ratio of the global to the local
 output over real tokens into `metrics` (`global_to_local_rms`).
+
+`implementation='pallas'` runs the local and the global attention as fused
+Pallas kernels (`lra_msmra.kernels.cst`), with the same parameters and
+everything else shared; alpha = 1 only.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ import jax
 import jax.numpy as jnp
 
 from lra_msmra.attention import base
+from lra_msmra.kernels import cst as cst_kernels
+from lra_msmra.kernels import flash
 
 Array = jax.Array
 
@@ -197,8 +203,15 @@ class CompositeSliceAttention(base.Attention):
   position_embedding: str = 'ms_vipe'
   position_init_std: float = 0.02
 
+  IMPLEMENTATIONS = ('xla', 'pallas')
+
   def check_knobs(self) -> None:
     check_slicing(self.slice_length, self.alpha)
+    if self.implementation == 'pallas' and self.alpha != 1:
+      raise ValueError(
+          f"implementation='pallas' covers alpha=1 only, got alpha="
+          f"{self.alpha} (an extended key has one MS-VIPE row per slice that "
+          "sees it); use implementation='xla'.")
     for knob, value, valid in (
         ('composition', self.composition, COMPOSITIONS),
         ('aggregation', self.aggregation, AGGREGATIONS),
@@ -385,6 +398,11 @@ class CompositeSliceAttention(base.Attention):
       q = q + self._project_table(proj['query'], pos[width:width + size])
       k = k + self._project_table(proj['key'], pos[:k.shape[2]])
     q = q / jnp.sqrt(head_dim).astype(self.dtype)
+    if self.implementation == 'pallas':
+      y = cst_kernels.local_attention(
+          q, k, v, ms, causal=self.causal,
+          **flash.layer_dropout(self, deterministic))
+      return proj['out'](y)
     # [batch, slices, heads, L, keys], accumulated in float32.
     logits = jnp.einsum('bsqhd,bskhd->bshqk', q, k,
                         preferred_element_type=jnp.float32)
@@ -439,7 +457,11 @@ class CompositeSliceAttention(base.Attention):
     q = proj['query'](qk_inputs) / jnp.sqrt(head_dim).astype(self.dtype)
     k = proj['key'](qk_inputs)
     v = proj['value'](s)
-    if deterministic or self.dropout_rate == 0.0:
+    if self.implementation == 'pallas':
+      y = cst_kernels.global_attention(
+          q, k, v, slice_valid, causal=self.causal,
+          **flash.layer_dropout(self, deterministic))
+    elif deterministic or self.dropout_rate == 0.0:
       # The same function without the [slices, slices] weights in memory:
       # what makes the quadratic part affordable at long lengths.
       y = base.blocked_attention(q, k, v, slice_valid, causal=self.causal)

@@ -562,6 +562,17 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 # -- the public function -----------------------------------------------------
 
 
+def layer_dropout(module, deterministic: bool) -> dict:
+  """The `dropout_rate` / `dropout_seed` arguments for an attention layer:
+  its `dropout_rate` and a seed drawn from its 'dropout' RNG stream, or no
+  dropout when deterministic or the rate is 0."""
+  if deterministic or not module.dropout_rate:
+    return {'dropout_rate': 0.0, 'dropout_seed': None}
+  return {'dropout_rate': float(module.dropout_rate),
+          'dropout_seed': jax.random.bits(module.make_rng('dropout'), (),
+                                          jnp.uint32)}
+
+
 def tile_size(length: int, block: int = DEFAULT_BLOCK) -> int:
   """The tile for a sequence of `length`: `block`, or the next power of two
   of a shorter sequence (at least MIN_BLOCK)."""

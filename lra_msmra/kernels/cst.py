@@ -1,0 +1,100 @@
+"""Composite Slice Attention's two attentions as fused Pallas kernels.
+
+`implementation='pallas'` of `cst` (lra_msmra/attention/cst.py) computes the
+same layer as `'xla'` with the same parameters; only its two attention
+cores run as kernels of `lra_msmra.kernels.flash`:
+
+* the local attention inside slices: every token attends to the real
+  tokens of its own slice (causal: of its slice up to itself), one segment
+  window of L keys (`flash.Window('segment', size=L)`). Tiles of 64 tokens
+  hold 64 / L slices, so the scores of a whole slice and its keys stay in
+  registers; no `[slices, L, L]` array is written.
+* the global attention among slice embeddings, with real slices as keys
+  (causal: the inclusive-causal form that the layer then shifts by one
+  slice): flash attention over the n = N / L slices
+  (`flash.Window('full')`), never an `[n, n]` array, forward or backward.
+
+What stays in XLA, shared with `'xla'`: the projections, MS-VIPE's
+projected table rows (added to queries and keys before the kernels), the
+slice aggregation and the broadcast-add, which XLA fuses into the
+neighbouring projections (mean, max and linear aggregation alike, and every
+composition). Attention dropout is drawn inside the kernels
+(`flash.keep_mask`), so under dropout the two implementations drop other
+entries; without it they agree to float32 rounding.
+
+Covered: every knob but alpha > 1. With alpha > 1 a key is seen by two
+slices at two offsets, each with its own MS-VIPE row, so its position term
+depends on the query's slice and cannot be added to the key once; the
+layer refuses `implementation='pallas'` with alpha > 1.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from lra_msmra.kernels import flash
+
+Array = jax.Array
+
+
+def _heads_major(x: Array) -> Array:
+  """`[batch, n, heads, d] -> [batch, heads, n, d]` (and back)."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+def local_attention(q: Array, k: Array, v: Array, mask: Array, *,
+                    causal: bool, dropout_rate: float = 0.0,
+                    dropout_seed: Optional[Array] = None) -> Array:
+  """Attention inside slices (alpha = 1).
+
+  Args:
+    q: scaled queries `[batch, slices, L, heads, d]`, positions added.
+    k: keys `[batch, slices, L, heads, d]`, positions added.
+    v: values `[batch, slices, L, heads, d]`.
+    mask: bool `[batch, slices, L]`, True = real token.
+    causal: token l of a slice sees tokens <= l of its slice only.
+    dropout_rate: attention dropout (with `dropout_seed`).
+    dropout_seed: int32 scalar.
+
+  Returns:
+    `[batch, slices, L, heads, d]` in `v`'s dtype; zero for a query whose
+    slice holds no real key it may see.
+  """
+  batch, slices, size, heads, dim = q.shape
+  flat = lambda a: _heads_major(a.reshape(batch, slices * size, heads,
+                                          a.shape[-1]))
+  out = flash.flash_attention(
+      flat(q), flat(k), flat(v), mask.reshape(batch, slices * size),
+      window=flash.Window('segment', size=size, causal=causal),
+      dropout_rate=dropout_rate, dropout_seed=dropout_seed)
+  return _heads_major(out).reshape(batch, slices, size, heads,
+                                   v.shape[-1]).astype(v.dtype)
+
+
+def global_attention(q: Array, k: Array, v: Array, slice_valid: Array, *,
+                     causal: bool, dropout_rate: float = 0.0,
+                     dropout_seed: Optional[Array] = None) -> Array:
+  """Attention among slice embeddings.
+
+  Args:
+    q: scaled queries `[batch, slices, heads, d]`.
+    k: keys `[batch, slices, heads, d]`.
+    v: values `[batch, slices, heads, d]`.
+    slice_valid: bool `[batch, slices]`, False for slices without real
+      tokens.
+    causal: inclusive-causal (slice t sees slices <= t).
+    dropout_rate: attention dropout (with `dropout_seed`).
+    dropout_seed: int32 scalar.
+
+  Returns:
+    `[batch, slices, heads, d]` in `v`'s dtype; zero for a query that sees
+    no valid slice.
+  """
+  out = flash.flash_attention(
+      _heads_major(q), _heads_major(k), _heads_major(v), slice_valid,
+      window=flash.Window('full', causal=causal),
+      dropout_rate=dropout_rate, dropout_seed=dropout_seed)
+  return _heads_major(out).astype(v.dtype)
