@@ -446,20 +446,23 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
         mechanism=spec.name, kw=FrozenDict(kw), num_heads=heads,
         qkv_features=features, dtype=jnp.dtype(dtype), max_len=length)
 
-  def params_key(implementation: str, dtype: str, length: int):
-    return ('params', implementation, dtype, length)
+  def params_key(implementation: str, length: int):
+    return ('params', implementation, length)
 
-  def params_info(implementation: str, dtype: str, length: int):
+  def params_info(implementation: str, length: int):
+    # Parameters are float32 whatever the layer's dtype, and their shapes
+    # do not depend on the batch (one row here): one init per length, in
+    # a dtype the implementation accepts.
+    dtype = IMPLEMENTATION_DTYPES.get(implementation, ('float32',))[0]
+
     def make():
       module = layer(implementation, dtype, length)
 
       def init(key):
-        # Parameter shapes do not depend on the batch (one row here); an
-        # implementation may refuse a dtype, so the layer's is used.
         return module.init(key, jnp.zeros((1, length, features), dtype),
                            padding_mask=jnp.ones((1, length), bool))
       return jax.jit(init).trace(jax.random.PRNGKey(0))
-    info = inits.trace(params_key(implementation, dtype, length), make)
+    info = inits.trace(params_key(implementation, length), make)
     return {'params': info['params']}
 
   def traced(implementation: str, setting: Setting, length: int):
@@ -467,7 +470,7 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
     shape = (setting.batch, length, features)
     x = jax.ShapeDtypeStruct(shape, jnp.dtype(setting.dtype))
     mask = jax.ShapeDtypeStruct(shape[:2], jnp.bool_)
-    params = params_info(implementation, setting.dtype, length)
+    params = params_info(implementation, length)
     fn, args = attention_bench._jax_call(  # pylint: disable=protected-access
         setting.mode, lambda p, x, m: module.apply(p, x, padding_mask=m),
         params, x, mask, x)
@@ -516,7 +519,7 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
 
   def make_call(implementation: str, setting: Setting, length: int):
     def call(run_init, compiled):
-      variables = run_init(params_key(implementation, setting.dtype, length))
+      variables = run_init(params_key(implementation, length))
       x, mask, g = run_init(inputs_key(setting, length))
       args = ({'params': variables['params']}, x, mask)
       if setting.mode == 'fwd_bwd':
@@ -945,10 +948,14 @@ def _payload(args: argparse.Namespace, variant: Variant,
 
 def _start(variant: Variant, payload: dict[str, Any],
            events: queue.Queue, index: int) -> _Worker:
+  # Several processes share the device: none may take most of its memory
+  # at start (JAX's default on GPUs).
+  env = dict(os.environ)
+  env.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   proc = subprocess.Popen(
       [sys.executable, '-m', MODULE, '--worker', json.dumps(payload)],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, bufsize=1)
+      text=True, bufsize=1, env=env)
   worker = _Worker(variant, proc)
 
   def read_stdout():
