@@ -201,8 +201,8 @@ def verdict(target: Target, idx: Mapping[tuple, Mapping[str, Any]],
   if target.kind == 'speed':
     worst, n = min(ratios)
     met = worst >= target.limit
-    detail = f'{worst:.2f}× at N={n}' + (
-        '' if len(ratios) == 1 else ', the least')
+    detail = (f'{worst:.2f}× at N={n}' if len(ratios) == 1 else
+              f'least {worst:.2f}×, at N={n}')
   else:
     worst, n = max(ratios)
     met = worst <= target.limit
@@ -304,7 +304,7 @@ def _roofline_table(report, idx, setting: str) -> str:
           fmt_ms(_ok(rec, 'roofline_s')),
           _fmt(_ok(rec, 'over_roofline'), '.1f'),
           reporting.fmt_bytes(rec.get('xla_peak_bytes')),
-          _fmt(_ok(rec, 'memory_over_reference'), '.3f'),
+          _fmt(_ok(rec, 'memory_over_reference'), '.3g'),
           fmt_ms(rec.get('compile_s'))])
   return reporting.markdown_table(
       ['layer', 'impl.', 'N', 'FLOPs', 'bytes', 'time', 'TFLOP/s',

@@ -307,13 +307,13 @@ def test_verdicts():
   v = _verdicts(synthetic_report())
   assert set(v) == {'fast', 'slow', 'oom'}  # Softmax is the reference.
   fast, slow, oom = v['fast'], v['slow'], v['oom']
-  assert fast[0] == 'met (4.00× at N=2048, the least)'
+  assert fast[0] == 'met (least 4.00×, at N=2048)'
   assert fast[1] == 'met (4.00× at N=16384)'
   # 16 ms / 4 against max(1 TFLOP / 989.4 TFLOP/s, 1 GB / 3.35 TB/s).
   roof = max(1e12 / 989.4e12, 1e9 / 3.35e12)
   assert fast[2] == f'not met ({16e-3 / 4 / roof:.3g}× at N=16384)'
   assert fast[3] == 'met (0.000625× at N=4096)'
-  assert slow[0] == 'not met (0.50× at N=2048, the least)'
+  assert slow[0] == 'not met (least 0.50×, at N=2048)'
   assert slow[1] == 'met (5.00× at N=16384)'
   assert slow[3] == 'not met (0.25× at N=4096)'  # 4e9 / 1.6e10.
   assert oom[0] == 'not met (N=16384 out of memory)'
@@ -349,7 +349,7 @@ def test_markdown_and_docs_section(tmp_path):
   assert 'jax 0.11.2, jaxlib 0.11.2' in text and 'torch' not in text
   assert 'bfloat16 989 TFLOP/s, 3.35 TB/s (NVIDIA H100 SXM datasheet)' in text
   assert '![GPU benchmark](img/gpu.png)' in text
-  assert '| `fast` | xla | forward+backward, bfloat16, batch 4 | met (4.00×' in (
+  assert '| `fast` | xla | forward+backward, bfloat16, batch 4 | met (least 4.00×' in (
       text)
   # Time cells carry the speed-up over the cuDNN layer.
   assert '| `fast` | xla | 0.125 ms (4.00×) | 0.25 ms (4.00×) |' in text
