@@ -56,6 +56,11 @@ import jax.numpy as jnp
 from lra_msmra.kernels import flash
 
 Array = jax.Array
+# flash's tile product and platform dispatch, shared by every kernel here.
+# pylint: disable=protected-access
+_dot = flash._dot
+_on_every_platform = flash._on_every_platform
+# pylint: enable=protected-access
 
 FEATURE_MAPS = ('relu', 'elu_plus_one')
 DEFAULT_BLOCK = flash.DEFAULT_BLOCK
@@ -97,7 +102,7 @@ def _slope(pre: Array, feature_map: str) -> Array:
 
 def _project(q: Array, w_ref, b_ref, h: int, s: int, dtype) -> Array:
   """Head h's subhead-s query map, rounded as the XLA projection is."""
-  pre = flash._dot(q, w_ref[h, s], 1, 0).astype(dtype)  # pylint: disable=protected-access
+  pre = _dot(q, w_ref[h, s], 1, 0).astype(dtype)
   if b_ref is not None:
     pre = pre + b_ref[h, s].astype(dtype)
   return pre
@@ -137,13 +142,14 @@ def _forward_kernel(*refs, static: _Static):
   g = _routed_gate(choice, r['gate'], static.heads)
   q = r['q'][...] if static.stacked else None
   for s in range(static.subheads):
-    pre_shared = None if static.stacked else r['q'][s]
+    if not static.stacked:  # One query for every head.
+      phi = _feature(r['q'][s].astype(jnp.float32), static.feature_map)
     num = den = pre_sel = None
     for h in range(static.heads):
-      pre = (_project(q, r['w'], r['b'], h, s, r['y'].dtype)
-             if static.stacked else pre_shared)
-      phi = _feature(pre.astype(jnp.float32), static.feature_map)
-      num_h = flash._dot(phi, r['kv'][h, s], 1, 0)  # pylint: disable=protected-access
+      if static.stacked:
+        pre = _project(q, r['w'], r['b'], h, s, r['y'].dtype)
+        phi = _feature(pre.astype(jnp.float32), static.feature_map)
+      num_h = _dot(phi, r['kv'][h, s], 1, 0)
       den_h = jnp.sum(phi * r['z'][h, s], axis=1, keepdims=True)
       mine = choice == h
       if num is None:  # Queries routed nowhere (tile padding) get head 0's.
@@ -188,11 +194,11 @@ def _dq_kernel(*refs, static: _Static):
       phi_h = (_feature(_project(q, r['w'], r['b'], h, s, r['q'].dtype
                                  ).astype(jnp.float32), static.feature_map)
                if own_heads else phi)
-      num_h = flash._dot(phi_h, kv, 1, 0)  # pylint: disable=protected-access
+      num_h = _dot(phi_h, kv, 1, 0)
       den_h = jnp.sum(phi_h * z, axis=1, keepdims=True)
       terms[h] = terms[h] + (jnp.sum(num_h * dy, axis=1, keepdims=True)
                              / (den_h + eps))
-      kv_dy_h = flash._dot(dy, kv, 1, 1)  # pylint: disable=protected-access
+      kv_dy_h = _dot(dy, kv, 1, 1)
       z_h = jnp.broadcast_to(z, phi.shape)
       if num is None:
         num, den, z_sel, kv_dy = num_h, den_h, z_h, kv_dy_h
@@ -211,7 +217,7 @@ def _dq_kernel(*refs, static: _Static):
     if static.stacked:
       for h in range(static.heads):
         d_pre_h = jnp.where(choice == h, d_pre, 0.0).astype(r['w'].dtype)
-        d_q = d_q + flash._dot(d_pre_h, r['w'][h, s], 1, 1)  # pylint: disable=protected-access
+        d_q = d_q + _dot(d_pre_h, r['w'][h, s], 1, 1)
   for h in range(static.heads):
     term = terms[h]
     if not static.all_gate_gradients:
@@ -239,10 +245,10 @@ def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
     inv = 1.0 / (jnp.sum(phi * z, axis=1, keepdims=True) + eps)
     ratio = gate_ref[pl.ds(r0, t), :] * inv
     d_num = jnp.where(mine, dy * ratio, 0.0)
-    num = flash._dot(phi, kv, 1, 0)  # pylint: disable=protected-access
+    num = _dot(phi, kv, 1, 0)
     d_den = jnp.where(
         mine, -jnp.sum(num * dy, axis=1, keepdims=True) * ratio * inv, 0.0)
-    d_kv = d_kv + flash._dot(phi, d_num, 0, 0)  # pylint: disable=protected-access
+    d_kv = d_kv + _dot(phi, d_num, 0, 0)
     d_z = d_z + jnp.sum(phi * d_den, axis=0, keepdims=True)
     return d_kv, d_z
 
@@ -310,7 +316,7 @@ def _forward(static: _Static, q, w, b, kv, z, choice, gate):
         kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
         out_shape=out_shape, compiler_params=params, interpret=interpret,
         name='adamra_routed_forward')
-  outs = flash._on_every_platform(call)(*args)  # pylint: disable=protected-access
+  outs = _on_every_platform(call)(*args)
   return outs[0], (outs[1] if static.stacked else None)
 
 
@@ -345,7 +351,7 @@ def _summary_grads(static: _Static, pre, dy, choice, gate, kv, z):
         kernel, grid=(batch, h_, s_, chunks), in_specs=in_specs,
         out_specs=out_specs, out_shape=out_shape, compiler_params=params,
         interpret=interpret, name='adamra_routed_summary_grad')
-  return flash._on_every_platform(call)(pre, dy, choice, gate, kv, z)  # pylint: disable=protected-access
+  return _on_every_platform(call)(pre, dy, choice, gate, kv, z)
 
 
 def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
@@ -373,7 +379,7 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
         kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
         out_shape=out_shape, compiler_params=params, interpret=interpret,
         name='adamra_routed_dq')
-  outs = flash._on_every_platform(call)(*args)  # pylint: disable=protected-access
+  outs = _on_every_platform(call)(*args)
   d_pre, d_gate = outs[0], outs[-1]
 
   d_kv, d_z = _summary_grads(static, pre, dy, choice, gate, kv, z)
