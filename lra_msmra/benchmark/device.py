@@ -1049,6 +1049,9 @@ def run(args: argparse.Namespace, argv: Sequence[str],
   events: queue.Queue = queue.Queue()
   pool = [_start(v, _payload(args, v, compile_deadline), events, i)
           for i, v in enumerate(args.variants)]
+  workers.log(f'{len(pool)} workers started; compile deadline in '
+              f'{compile_deadline - start:.0f} s, outputs at '
+              f'{time_deadline - start:.0f} s')
   report = {'command': environment.command_line(argv, MODULE),
             'environment': environment.environment(
                 ('jax', 'jaxlib', 'flax', 'numpy', 'jax-cuda12-plugin',
@@ -1074,68 +1077,88 @@ def run(args: argparse.Namespace, argv: Sequence[str],
       index, event = events.get(timeout=timeout)
     except queue.Empty:
       return
-    _handle(pool[index], event)
+    w = pool[index]
+    before = w.state
+    _handle(w, event)
+    if event['event'] == 'ready':
+      workers.log(f'{w.label}: {w.info["compiled"]} points compiled in '
+                  f'{w.info["compile_phase_s"]:.0f} s')
+    elif w.state == 'stopped' and before != 'stopped':
+      workers.log(f'{w.label}: stopped while compiling: '
+                  f'{w.info.get("fatal") or _tail(w)[-300:]}')
 
-  # Compile phase: until every worker is ready (or gone), with a grace
-  # period past the deadline for compiles already running.
-  grace = compile_deadline + _compile_grace(args)
-  while any(w.state == 'compiling' for w in pool):
-    pump(0.5)
-    if time.time() > grace:
-      for w in pool:
-        if w.state == 'compiling':
-          _kill(w, 'not run', 'still compiling at the end of the compile '
-                'phase')
-      break
-  for w in pool:
-    if w.state == 'stopped' and 'killed' not in w.info:
-      _settle(w, 'failed', w.info.get('fatal')
-              or f'its worker exited while compiling: {_tail(w)}')
-  workers.log(f'compile phase: {time.time() - start:.0f} s; '
-              + ', '.join(f'{w.label}: {w.state}' for w in pool))
-  snapshot('compile')
+  try:
+    # Compile phase: until every worker is ready (or gone), with a grace
+    # period past the deadline for compiles already running.
+    grace = compile_deadline + _compile_grace(args)
+    while any(w.state == 'compiling' for w in pool):
+      pump(0.5)
+      if time.time() > grace:
+        for w in pool:
+          if w.state == 'compiling':
+            _kill(w, 'not run', 'still compiling at the end of the compile '
+                  'phase')
+        break
+    for w in pool:
+      if w.state == 'stopped' and 'killed' not in w.info:
+        _settle(w, 'failed', w.info.get('fatal')
+                or f'its worker exited while compiling: {_tail(w)}')
+    workers.log(f'compile phase: {time.time() - start:.0f} s; '
+                + ', '.join(f'{w.label}: {w.state}' for w in pool))
+    snapshot('compile')
 
-  # Timing phase: one worker at a time, each a share of what is left.
-  for i, w in enumerate(pool):
-    if w.state != 'ready':
-      continue
-    weights = [_weight(x) for x in pool[i:] if x.state == 'ready']
-    until = time.time() + (time_deadline - time.time()) * (
-        weights[0] / sum(weights))
-    w.proc.stdin.write(json.dumps({'time_until': until}) + '\n')
-    w.proc.stdin.flush()
-    w.state = 'timing'
-    in_flight: Optional[tuple[str, float]] = None
-    while w.state == 'timing':
-      try:
-        index, event = events.get(timeout=0.5)
-      except queue.Empty:
-        index, event = None, None
-      if event is not None:
-        if event['event'] == 'start':
-          in_flight = (event['key'], time.time())
-        elif event['event'] == 'record':
-          in_flight = None
-        _handle(pool[index], event)
-      now = time.time()
-      if in_flight and now - in_flight[1] > args.point_timeout_s:
-        w.records[in_flight[0]].update(
-            status='timed out',
-            reason=f'ran past the {args.point_timeout_s:.0f} s limit')
-        _kill(w, 'not run', 'its worker was stopped after a time-out')
-      elif now > until + args.point_timeout_s + 10:
-        _kill(w, 'not run', 'time budget: its turn ended')
-    if w.state == 'stopped' and 'killed' not in w.info:
-      _settle(w, 'failed', f'its worker exited: {_tail(w)}')
-    _stop(w)
-    done = [r for r in w.records.values() if r.get('status') == 'ok']
-    workers.log(f'{w.label}: {len(done)} of {len(w.records)} points '
-                f'measured ({time.time() - start:.0f} s)')
-    snapshot(f'timed {w.label}')
-  for w in pool:
-    _stop(w)
-    _settle(w, 'not run', 'its worker did not get a turn')
-  return snapshot('end')
+    # Timing phase: one worker at a time, each a share of what is left.
+    for i, w in enumerate(pool):
+      if w.state != 'ready':
+        continue
+      weights = [_weight(x) for x in pool[i:] if x.state == 'ready']
+      until = time.time() + (time_deadline - time.time()) * (
+          weights[0] / sum(weights))
+      w.proc.stdin.write(json.dumps({'time_until': until}) + '\n')
+      w.proc.stdin.flush()
+      w.state = 'timing'
+      in_flight: Optional[tuple[str, float]] = None
+      while w.state == 'timing':
+        try:
+          index, event = events.get(timeout=0.5)
+        except queue.Empty:
+          index, event = None, None
+        if event is not None:
+          if event['event'] == 'start':
+            in_flight = (event['key'], time.time())
+          elif event['event'] == 'record':
+            in_flight = None
+          _handle(pool[index], event)
+        now = time.time()
+        if in_flight and now - in_flight[1] > args.point_timeout_s:
+          w.records[in_flight[0]].update(
+              status='timed out',
+              reason=f'ran past the {args.point_timeout_s:.0f} s limit')
+          _kill(w, 'not run', 'its worker was stopped after a time-out')
+        elif now > until + args.point_timeout_s + 10:
+          _kill(w, 'not run', 'time budget: its turn ended')
+      if w.state == 'stopped' and 'killed' not in w.info:
+        _settle(w, 'failed', f'its worker exited: {_tail(w)}')
+      _stop(w)
+      done = [r for r in w.records.values() if r.get('status') == 'ok']
+      workers.log(f'{w.label}: {len(done)} of {len(w.records)} points '
+                  f'measured ({time.time() - start:.0f} s)')
+      snapshot(f'timed {w.label}')
+    for w in pool:
+      _stop(w)
+      _settle(w, 'not run', 'its worker did not get a turn')
+    return snapshot('end')
+  except BaseException:
+    # Stopped (a signal, an error): the workers go, and the report
+    # keeps what was measured.
+    while not events.empty():
+      index, event = events.get_nowait()
+      _handle(pool[index], event)
+    for w in pool:
+      if w.state != 'done':
+        _kill(w, 'not run', 'the benchmark was stopped')
+    snapshot('stopped')
+    raise
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
