@@ -5,8 +5,14 @@
   comparison).
 * `python -m lra_msmra.benchmark.train_step`: training steps of a task config
   (LRA Table 2 style: steps/s and peak memory relative to softmax).
+* `python -m lra_msmra.benchmark.device`: the GPU benchmark, every
+  implementation of every mechanism and the ListOps `:cst` training steps
+  in one bounded run, against the device's roofline and cuDNN's attention
+  (`launch/gpu_benchmark.sh`); `device_report` writes its GPU section of
+  docs/benchmarks.md.
 
-Every measured point runs in a separate process, so that its peak memory is
-its own (see `lra_msmra.benchmark.workers`). docs/benchmarks.md records the
+In the first two, every measured point runs in a separate process, so that
+its peak memory is its own (see `lra_msmra.benchmark.workers`); the GPU
+benchmark runs a process per mechanism. docs/benchmarks.md records the
 figures and the commands that produced them.
 """
