@@ -39,6 +39,13 @@ Without a dropout mask, fixed runs one head at a time under
 only, forward and backward; with dropout all heads run at once, so the
 masks are drawn as `base.attention_dropout` draws them.
 
+`implementation='pallas'` computes the fixed and axial variants (every
+plan, LM and MLM, every abstraction) with fused Pallas flash kernels
+(`lra_msmra.kernels.combiner`): the same parameters and function, no
+per-query logits outside a kernel tile; its dropout masks are the kernels'
+hash, not `jax.random` bits. Logsparse and mixture are refused at
+construction. `effective_attention` always runs the code here.
+
 `CombinerAttention.effective_attention` returns the dense effective
 attention E (`[B, H, N, N]`, y_i = sum_j E(i, j) v_j before the output
 projection) by running the same code path with one-hot values;
@@ -58,6 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra_msmra.attention import base
+from lra_msmra.kernels import combiner as fused
 
 Array = jax.Array
 
@@ -550,6 +558,8 @@ class CombinerAttention(base.Attention):
     abstraction: 'max' (None, the paper), 'mean', 'deepset-max' or
       'deepset-mean'; not used by the rowmajor plan, whose abstraction is the
       code's learned projection.
+    implementation: 'xla' (the code here) or 'pallas' (fixed and axial:
+      `lra_msmra.kernels.combiner`).
   """
   variant: str = 'fixed'
   block_size: Optional[int] = None
@@ -558,6 +568,8 @@ class CombinerAttention(base.Attention):
   num_prefix_tokens: int = 0
   mixture_mode: Optional[str] = None
   abstraction: Optional[str] = None
+
+  IMPLEMENTATIONS = ('xla', 'pallas')
 
   def check_knobs(self) -> None:
     """Raises on unknown values and on knobs the chosen variant ignores."""
@@ -604,6 +616,8 @@ class CombinerAttention(base.Attention):
             "axial_plan='rowmajor' abstracts rows with the official code's "
             f'learned projection; abstraction={self.abstraction!r} would be '
             "ignored. Remove it or use axial_plan='vertical'/'horizontal'.")
+    if self.implementation == 'pallas':
+      fused.check(variant=self.variant)
 
   def _plan(self) -> Optional[str]:
     if self.variant != 'axial':
@@ -674,6 +688,11 @@ class CombinerAttention(base.Attention):
           dtype=self.dtype, param_dtype=jnp.float32, name=name)
       pq = nn.relu(deepset('deepset_query')(q))
       pk = nn.relu(deepset('deepset_key')(k))
+    if self.implementation == 'pallas' and probe is None:
+      out = self._fused(x, q, k, v, pq, pk, real, deterministic,
+                        abstraction.split('-')[-1])
+      out = out * real[:, :, None, None].astype(out.dtype)
+      return self.output_projection(out_features)(out)
     ctx = _Ctx(causal=self.causal, pool=abstraction.split('-')[-1],
                probe=probe,
                dropout=lambda w: self.attention_dropout(w, deterministic),
@@ -716,16 +735,57 @@ class CombinerAttention(base.Attention):
                     + _joint(direct + horizontal, ctx))
     plan = self._plan()
     if plan == 'rowmajor':
-      head_dim = g.q.shape[-1]
-      to_model = nn.DenseGeneral(
-          x_grid.shape[-1], axis=(-2, -1), use_bias=self.use_bias,
-          kernel_init=self.kernel_init, bias_init=self.bias_init,
-          dtype=self.dtype, param_dtype=jnp.float32, name='row_summary_out')
-      norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
-                          param_dtype=jnp.float32, name='row_summary_norm')
-      to_key = self.projection(head_dim, 'row_summary_key')
-      summary_key = lambda row_out: to_key(norm(x_grid + to_model(row_out)))
+      summary_key = self._row_summary_key(x_grid, g.q.shape[-1])
       return _joint(_rowmajor_terms(g, ctx, summary_key), ctx)
     spans = (_vertical_terms(g, ctx) if plan == 'vertical'
              else _horizontal_terms(g, ctx))
     return _joint(_direct_terms(g, ctx, column=True) + spans, ctx)
+
+  def _row_summary_key(self, x_grid: Array, head_dim: int
+                       ) -> Callable[[Array], Array]:
+    """Rowmajor's learned abstraction key of row outputs on the grid
+    `[B, n, m, H, dv]` (Dense(LN(x + Dense(row output)))), `x_grid` being
+    the zeroed inputs on the grid `[B, n, m, features]`."""
+    to_model = nn.DenseGeneral(
+        x_grid.shape[-1], axis=(-2, -1), use_bias=self.use_bias,
+        kernel_init=self.kernel_init, bias_init=self.bias_init,
+        dtype=self.dtype, param_dtype=jnp.float32, name='row_summary_out')
+    norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
+                        param_dtype=jnp.float32, name='row_summary_norm')
+    to_key = self.projection(head_dim, 'row_summary_key')
+    return lambda row_out: to_key(norm(x_grid + to_model(row_out)))
+
+  def _fused(self, x: Array, q: Array, k: Array, v: Array, pq: Array,
+             pk: Array, real: Array, deterministic: bool, pool: str) -> Array:
+    """Fixed and axial with Pallas kernels (`implementation='pallas'`).
+
+    Args:
+      x: the zeroed inputs `[batch, length, features]` (rowmajor's keys).
+      q, k, v, pq, pk: `[batch, length, heads, head_dim]`, q scaled.
+      real: bool `[batch, length]`.
+      deterministic: disables attention dropout.
+      pool: 'max' or 'mean'.
+
+    Returns:
+      `[batch, length, heads, head_dim]`, not zeroed at padded queries.
+    """
+    length = real.shape[1]
+    rate, seed = 0.0, None
+    if not deterministic and self.dropout_rate > 0.0:
+      rate = self.dropout_rate
+      seed = jax.random.bits(self.make_rng('dropout'), (), jnp.uint32)
+    drop = dict(dropout_rate=rate, dropout_seed=seed)
+    if self.variant == 'fixed':
+      return fused.fixed(q, k, v, pq, pk, real,
+                         block_size=self.block_size or default_block_size(
+                             length),
+                         causal=self.causal, pool=pool, **drop)
+    width = self.row_length or default_block_size(length)
+    offset = (-self.num_prefix_tokens) % width
+    summary_key = None
+    if self._plan() == 'rowmajor':
+      summary_key = self._row_summary_key(_to_grid(x, offset, width),
+                                          q.shape[-1])
+    return fused.axial(q, k, v, pq, pk, real, plan=self._plan(),
+                       row_length=width, offset=offset, causal=self.causal,
+                       pool=pool, summary_key=summary_key, **drop)

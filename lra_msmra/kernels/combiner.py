@@ -35,14 +35,26 @@ Covered (`check` refuses the rest at construction):
 
 Everything else (projections, DeepSets maps, the grid and its padding,
 pooling) is the mechanism's own code, so variables and the function are
-those of `'xla'`. Attention dropout is not implemented yet: a call that
-would drop (`deterministic=False`, `dropout_rate > 0`) raises. The layer
-sows nothing in either implementation.
+those of `'xla'`. The layer sows nothing in either implementation.
+
+Attention dropout as in 'xla' (docs/mechanisms/combiner.md §3.6): every
+effective weight passes through one mask, direct weights after the joint
+softmax and span members inside their local expectation. Flash drops every
+key of a call, so with dropout the direct keys and the span summaries go to
+separate calls under the one softmax (`_joint`). The masks are flash's
+in-kernel hash (`flash.keep_mask`; Fixed's local expectations, computed in
+XLA, use the same function), one seed per call (`Seeds`), so they are not
+the 'xla' implementation's `jax.random` bits.
+
+Layout costs: the grid is put heads-major once, and the column-major pass
+needs a transposed copy of q, k, v and, in its backward pass, of the
+output and its cotangent: O(N d) copies next to the kernels' O(N (n + m) d)
+work.
 
 Until `flash` exposes a joint softmax over several calls (its log-sum-exp as
 a differentiable output) and mask rules beyond its `Window` / `Extra`, this
 module drives flash's kernels through `_flash_forward`, `_flash_backward`
-and `_flash_attend`, the only places that use flash's private functions.
+and `_flash_attend`, the only places that call flash's kernels directly.
 """
 
 from __future__ import annotations
@@ -57,31 +69,27 @@ import jax.numpy as jnp
 from lra_msmra.attention import base
 from lra_msmra.kernels import flash
 
+# flash's kernels with other mask rules and merged softmaxes (see the module
+# docstring), and the mechanism's pooling and grid helpers.
+# pylint: disable=protected-access,g-import-not-at-top
+
 Array = jax.Array
 
 VARIANTS = ('fixed', 'axial')
-RELATIONS = ('all', 'le', 'lt', 'gt', 'ne')
+# Queries and keys per kernel tile (at most; `flash.tile_size`).
+BLOCK = flash.DEFAULT_BLOCK
 
 
 def check(*, variant: str) -> None:
   """Refuses, at construction, what the Pallas implementation does not cover.
 
   Raises:
-    NotImplementedError: one line naming the knob and the way out.
+    ValueError: one line naming the knob and the way out.
   """
   if variant not in VARIANTS:
-    raise NotImplementedError(
+    raise ValueError(
         f"Combiner implementation='pallas' covers variant {VARIANTS}, not "
         f"variant={variant!r}: use implementation='xla'.")
-
-
-def check_call(*, dropout_rate: float, deterministic: bool) -> None:
-  """Refuses a call that would need attention dropout (not in the kernels)."""
-  if dropout_rate > 0 and not deterministic:
-    raise NotImplementedError(
-        f"Combiner implementation='pallas' has no attention dropout yet "
-        f'(dropout_rate={dropout_rate}, deterministic=False): set '
-        "config.model.attention_dropout_rate=0 or use implementation='xla'.")
 
 
 # -- the mask rule -----------------------------------------------------------
@@ -93,7 +101,7 @@ class GroupRule(NamedTuple):
   Queries come in groups of `queries` (query i: group i // queries, member
   i mod queries). Keys come in groups of `kinds * queries`: `kinds` runs of
   `queries` members, one per kind of key (e.g. the span summaries above and
-  below a position, stored side by side per group). Key j sees member
+  below a position, stored side by side per group): key j is member
   (j mod kinds * queries) mod queries. `relation` compares the key's member
   with the query's: 'all', 'le', 'lt', 'gt' or 'ne'.
 
@@ -154,17 +162,20 @@ class GroupRule(NamedTuple):
         hi = jnp.minimum(hi, j1)
     return jnp.maximum(lo, 0), jnp.minimum(hi, n)
 
-  def any_key(self, valid: Array) -> Array:
+  def any_key(self, valid: Array, queries: int) -> Array:
     """Whether each query sees a valid key (XLA, outside the kernels).
 
     Args:
-      valid: bool `[batch, groups * kinds * queries]`, per key.
+      valid: bool `[batch, keys]`, per key.
+      queries: the number of queries.
 
     Returns:
-      bool `[batch, groups * queries]`, per query.
+      bool `[batch, queries]`.
     """
-    batch, length = valid.shape
-    groups = length // self._key_group()
+    size = self._key_group()
+    groups = -(-max(valid.shape[1], 1) // size)
+    valid = jnp.pad(valid, [(0, 0), (0, groups * size - valid.shape[1])])
+    batch = valid.shape[0]
     # [batch, groups, queries]: valid keys per member, over the kinds.
     per_member = valid.reshape(batch, groups, self.kinds, self.queries).astype(
         jnp.int32).sum(2)
@@ -175,7 +186,9 @@ class GroupRule(NamedTuple):
              'le': inclusive,
              'lt': inclusive - per_member,
              'gt': total - inclusive}[self.relation]
-    return (count > 0).reshape(batch, groups * self.queries)
+    seen = (count > 0).reshape(batch, groups * self.queries)
+    return jnp.pad(seen, [(0, 0), (0, max(queries - seen.shape[1], 0))]
+                   )[:, :queries]
 
 
 # -- flash's kernels, driven with GroupRule masks ----------------------------
@@ -225,7 +238,7 @@ def _any_key(keys: Keys, queries: int) -> Array:
   """bool `[batch, queries]`: whether each query sees a valid key."""
   rule = keys.rule
   if isinstance(rule, GroupRule):
-    return rule.any_key(keys.valid)
+    return rule.any_key(keys.valid, queries)
   # flash.Extra with one key per group of `query_group` queries.
   valid = keys.valid.astype(jnp.int32)
   total = valid.sum(-1, keepdims=True)
@@ -238,13 +251,13 @@ def _any_key(keys: Keys, queries: int) -> Array:
 def _pad_keys(keys: Optional[Keys], t: int):
   if keys is None:
     return None
-  return (flash._pad(keys.k, 2, t), flash._pad(keys.v, 2, t),  # pylint: disable=protected-access
-          flash._flags(keys.valid, t))  # pylint: disable=protected-access
+  return (flash._pad(keys.k, 2, t), flash._pad(keys.v, 2, t),
+          flash._flags(keys.valid, t))
 
 
 def _static(window: Optional[Keys], extra: Optional[Keys], t: int,
             heads: int, dropout_rate: float):
-  return flash._Static(  # pylint: disable=protected-access
+  return flash._Static(
       window.rule if window is not None else None,
       extra.rule if extra is not None else None, t, heads=heads,
       dropout_rate=float(dropout_rate))
@@ -255,18 +268,18 @@ def _flash_attend(q: Array, keys: Keys, t: int, dropout_rate: float = 0.0,
   """Softmax attention of `q` over `keys` (one layout), differentiable."""
   nq = q.shape[2]
   static = _static(keys, None, t, q.shape[1], dropout_rate)
-  out = flash._flash(static, seed, flash._pad(q, 2, t), _pad_keys(keys, t),  # pylint: disable=protected-access
+  out = flash._flash(static, seed, flash._pad(q, 2, t), _pad_keys(keys, t),
                      None)
   return out[:, :, :nq]
 
 
 def _flash_forward(static, seed, q, window_args, extra_args):
-  return flash._forward(static, seed, q, window_args, extra_args)  # pylint: disable=protected-access
+  return flash._forward(static, seed, q, window_args, extra_args)
 
 
 def _flash_backward(static, seed, q, window_args, extra_args, out, lse,
                     d_out):
-  return flash._backward(static, seed, q, window_args, extra_args, out, lse,  # pylint: disable=protected-access
+  return flash._backward(static, seed, q, window_args, extra_args, out, lse,
                          d_out)
 
 
@@ -339,7 +352,7 @@ def _joint_bwd(static, residuals, d_out):
     o, l, d = out, lse, d_out
     if layout == 'cols':
       o, l, d = (_cols_of_rows(a, n, m) for a in (o, l, d))
-    pad = lambda x, q=q: flash._pad(x, 2, q.shape[2])  # pylint: disable=protected-access
+    pad = lambda x, q=q: flash._pad(x, 2, q.shape[2])
     d_q, d_window, d_extra = _flash_backward(part_static, seed, q, window,
                                              extra, pad(o), pad(l), pad(d))
     cotangents.append((None, d_q, with_flags(d_window), with_flags(d_extra)))
@@ -382,7 +395,7 @@ def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
       q = queries[layout]
       statics.append((_static(window, extra, t, q.shape[1], rate), layout))
       seed = seeds.next() if rate else None
-      args.append((seed, flash._pad(q, 2, t), _pad_keys(window, t),  # pylint: disable=protected-access
+      args.append((seed, flash._pad(q, 2, t), _pad_keys(window, t),
                    _pad_keys(extra, t)))
       flags = functools.reduce(jnp.logical_or, [
           _any_key(s, n * m) for s in group])
@@ -442,9 +455,9 @@ def _stack_cols(parts: list[Array]) -> Array:
   return _stack_rows([jnp.swapaxes(p, 2, 3) for p in parts])
 
 
-def tile(length: int, block: int = flash.DEFAULT_BLOCK) -> int:
+def tile(length: int, block: Optional[int] = None) -> int:
   """The kernels' tile for `length` positions (`flash.tile_size`)."""
-  return flash.tile_size(length, block)
+  return flash.tile_size(length, block or BLOCK)
 
 
 # -- Combiner-Fixed ----------------------------------------------------------
@@ -466,7 +479,7 @@ def _drop(w: Array, rate: float, seed: Optional[Array], *index: Array
 def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
           block_size: int, causal: bool, pool: str,
           dropout_rate: float = 0.0, dropout_seed: Optional[Array] = None,
-          block: int = flash.DEFAULT_BLOCK) -> Array:
+          block: Optional[int] = None) -> Array:
   """Combiner-Fixed (docs/mechanisms/combiner.md §2.2).
 
   Args:
@@ -479,12 +492,12 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
     pool: 'max' or 'mean'.
     dropout_rate: attention dropout (0: none).
     dropout_seed: uint32 or int32 scalar, with dropout.
-    block: the kernels' tile (at most).
+    block: the kernels' tile (at most); None: `BLOCK`.
 
   Returns:
     `[batch, length, heads, dv]`; padded queries are not zeroed.
   """
-  from lra_msmra.attention import combiner as xla  # pylint: disable=g-import-not-at-top
+  from lra_msmra.attention import combiner as xla
   batch, length = real.shape
   blocks = -(-length // block_size)
   padded = blocks * block_size
@@ -497,10 +510,10 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
 
   member = jnp.pad(real, [(0, 0), (0, padded - length)]).reshape(
       batch, 1, blocks, block_size)
-  q_span, _ = xla._masked_pool(  # pylint: disable=protected-access
+  q_span, _ = xla._masked_pool(
       split(hq if pq is q else _heads_major(pq)), member[..., None], axis=3,
       kind=pool)
-  k_span, has = xla._masked_pool(  # pylint: disable=protected-access
+  k_span, has = xla._masked_pool(
       split(hk if pk is k else _heads_major(pk)), member[..., None], axis=3,
       kind=pool)
   # Each block's local expectation with its pooled query: one query per
@@ -520,7 +533,8 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
     out = flash.flash_attention(
         hq, hk, hv, real, window=flash.Window('segment', size=block_size,
                                               causal=causal),
-        extra=(k_span, span_values, has), extra_rule=rule, block=block)
+        extra=(k_span, span_values, has), extra_rule=rule,
+        block=tile(length, block))
   else:
     # Direct keys drop after the joint softmax, summaries do not: two calls
     # under one softmax.
@@ -554,11 +568,11 @@ def _spans(g: _Grid, axis: int, reverse: bool, pool: str, t: int,
     (abstraction keys `[B, H, n, m, d]`, local expectations `[B, H, n, m,
     dv]`, has a member `[B, n, m]`).
   """
-  from lra_msmra.attention import combiner as xla  # pylint: disable=g-import-not-at-top
+  from lra_msmra.attention import combiner as xla
   member = g.real[:, None, :, :, None]
-  q_span, _ = xla._prefix_pool(g.pq, member, axis=axis, kind=pool,  # pylint: disable=protected-access
+  q_span, _ = xla._prefix_pool(g.pq, member, axis=axis, kind=pool,
                                reverse=reverse)
-  k_span, has = xla._prefix_pool(g.pk, member, axis=axis, kind=pool,  # pylint: disable=protected-access
+  k_span, has = xla._prefix_pool(g.pk, member, axis=axis, kind=pool,
                                  reverse=reverse)
   n, m = g.real.shape[1:]
   rule = 'gt' if reverse else 'lt'
@@ -581,7 +595,7 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
           plan: str, row_length: int, offset: int, causal: bool, pool: str,
           summary_key: Optional[Callable[[Array], Array]] = None,
           dropout_rate: float = 0.0, dropout_seed: Optional[Array] = None,
-          block: int = flash.DEFAULT_BLOCK) -> Array:
+          block: Optional[int] = None) -> Array:
   """Combiner-Axial (docs/mechanisms/combiner.md §2.2).
 
   Args:
@@ -598,13 +612,13 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
       -> their learned abstraction keys `[B, n, m, H, d]`.
     dropout_rate: attention dropout (0: none).
     dropout_seed: uint32 or int32 scalar, with dropout.
-    block: the kernels' tile (at most).
+    block: the kernels' tile (at most); None: `BLOCK`.
 
   Returns:
     `[batch, length, heads, dv]`; padded queries are not zeroed.
   """
-  from lra_msmra.attention import combiner as xla  # pylint: disable=g-import-not-at-top
-  grid = lambda a: xla._to_grid(a, offset, row_length)  # pylint: disable=protected-access
+  from lra_msmra.attention import combiner as xla
+  grid = lambda a: xla._to_grid(a, offset, row_length)
   g = _Grid(_grid_heads(grid(q)), _grid_heads(grid(k)), _grid_heads(grid(v)),
             None, None, grid(real))
   g = g._replace(pq=g.q if pq is q else _grid_heads(grid(pq)),
@@ -658,4 +672,4 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   out = _joint({layout: queries[layout] for layout in keys}, keys, n, m, t,
                dropout_rate, seeds)
   out = jnp.transpose(out.reshape(*g.q.shape[:4], -1), (0, 2, 3, 1, 4))
-  return xla._from_grid(out, offset, real.shape[1])  # pylint: disable=protected-access
+  return xla._from_grid(out, offset, real.shape[1])

@@ -1,0 +1,393 @@
+"""Combiner's fused fixed and axial variants (`implementation='pallas'`).
+
+On the CPU the flash kernels run in Pallas' interpreter. The layer must
+equal the 'xla' layer with the same variables, in its output and the
+gradients of its parameters and input, for Combiner-Fixed and every axial
+plan, LM and MLM, under the padding patterns of the contract tests, in
+float32 and bfloat16. Attention dropout must drop every effective weight
+exactly once (direct weights after the joint softmax, span members inside
+their local expectation), and the joint softmax over several flash calls
+must equal its plain-XLA formula with the kernels' keep masks, gradients
+included. `GroupRule`'s tile ranges must cover its mask. Forward and
+backward programs must lower for `cuda` (Triton) and `tpu` (Mosaic) at a
+realistic size.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_msmra.attention import combiner
+from lra_msmra.kernels import combiner as fused
+from lra_msmra.kernels import flash
+
+# pylint: disable=protected-access
+
+pytestmark = pytest.mark.xdist_group('kernels-combiner')
+
+FEATURES, HEADS, QKV = 16, 2, 16
+LENGTH = 40
+BLOCK = 16  # Several query and key tiles at LENGTH.
+
+# (id, knobs): the LRA configs' settings (fixed at the default block size;
+# axial vertical, with a CLS prefix as on Image) and the other plans and
+# abstractions.
+CASES = [
+    ('fixed', dict(variant='fixed')),
+    ('fixed-s3-deepset-mean', dict(variant='fixed', block_size=3,
+                                   abstraction='deepset-mean')),
+    ('vertical-prefix', dict(variant='axial', axial_plan='vertical',
+                             num_prefix_tokens=1)),
+    ('horizontal-mean', dict(variant='axial', axial_plan='horizontal',
+                             row_length=6, abstraction='mean')),
+    ('rowmajor', dict(variant='axial', axial_plan='rowmajor')),
+]
+
+
+@pytest.fixture(autouse=True)
+def _small_tiles(monkeypatch):
+  monkeypatch.setattr(fused, 'BLOCK', BLOCK)
+
+
+def _padding_mask(length):
+  """The contract tests' patterns, one per row: a trailing third
+  (`_inputs`); `_padded_rows_mask`'s leading run, an inner run with a
+  trailing position, and an example with no real token."""
+  mask = np.ones((4, length), bool)
+  mask[0, length - length // 3:] = False
+  mask[1, :5] = False
+  mask[2, 4:9] = False
+  mask[2, length - 1] = False
+  mask[3] = False
+  return jnp.asarray(mask)
+
+
+def _layer(implementation, causal, dtype=jnp.float32, **kw):
+  return combiner.CombinerAttention(
+      num_heads=HEADS, qkv_features=QKV, causal=causal, dtype=dtype,
+      use_bias=True, implementation=implementation, **kw)
+
+
+def _random_biases(params):
+  """Non-zero biases (zero-initialised ones would hide padded-row terms)."""
+  rng = np.random.RandomState(3)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: jnp.asarray(rng.standard_normal(leaf.shape),
+                                     leaf.dtype)
+      if getattr(path[-1], 'key', None) == 'bias' else leaf, params)
+
+
+def _value_and_grads(layer, params, x, mask, cot):
+  def loss(params, x):
+    y = layer.apply({'params': params}, x, padding_mask=mask,
+                    deterministic=True)
+    return jnp.sum(y.astype(jnp.float32) * cot), y
+  (_, y), grads = jax.value_and_grad(loss, (0, 1), has_aux=True)(params, x)
+  return y, grads
+
+
+def _setup(kw, causal):
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, LENGTH, FEATURES))
+  mask = _padding_mask(LENGTH)
+  params = _layer('xla', causal, **kw).init(
+      jax.random.PRNGKey(1), x, padding_mask=mask)['params']
+  cot = jax.random.normal(jax.random.PRNGKey(2), (4, LENGTH, FEATURES))
+  return _random_biases(params), x, mask, cot
+
+
+@pytest.mark.parametrize('causal', [False, True], ids=['mlm', 'lm'])
+@pytest.mark.parametrize('cid,kw', CASES, ids=[c[0] for c in CASES])
+def test_layer_equals_xla_with_gradients(cid, kw, causal):
+  del cid
+  params, x, mask, cot = _setup(kw, causal)
+  run = lambda impl: jax.jit(lambda p, a: _value_and_grads(
+      _layer(impl, causal, **kw), p, a, mask, cot))(params, x)
+  y, grads = run('pallas')
+  y_ref, grads_ref = run('xla')
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  # The example without a real token, and padded rows, are zero.
+  assert float(jnp.abs(y[3]).max()) == 0.0
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize('cid,kw,causal', [
+    ('fixed', CASES[0][1], False), ('vertical-prefix', CASES[2][1], True)],
+    ids=['fixed-mlm', 'vertical-lm'])
+def test_bfloat16_tracks_float32(cid, kw, causal):
+  del cid
+  params, x, mask, cot = _setup(kw, causal)
+  y, grads = jax.jit(lambda p, a: _value_and_grads(
+      _layer('pallas', causal, jnp.bfloat16, **kw), p, a, mask,
+      cot))(params, x)
+  y_ref, grads_ref = jax.jit(lambda p, a: _value_and_grads(
+      _layer('xla', causal, **kw), p, a, mask, cot))(params, x)
+  assert y.dtype == jnp.bfloat16
+  scale = float(jnp.abs(y_ref).max())
+  assert float(jnp.abs(y.astype(jnp.float32) - y_ref).max()) < 0.05 * scale
+  # A leaf's own scale, and the largest one's: the key bias's gradient is 0
+  # in exact arithmetic (softmax ignores a shift shared by every key) and
+  # only bfloat16 noise here, as with 'xla' in bfloat16.
+  top = max(float(jnp.abs(w).max()) for w in jax.tree.leaves(grads_ref))
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+    assert got.dtype == want.dtype
+    err = float(jnp.abs(got - want).max())
+    assert err < 0.05 * float(jnp.abs(want).max()) + 0.01 * top, err
+
+
+# -- dropout -----------------------------------------------------------------
+
+
+def _one_hot_outputs(kw, causal, length, rate, seed):
+  """Effective attention `[B, H, N, N]` of the fused variant (one-hot
+  values), with and without dropout."""
+  # Head dim = length: flash's kernels take values as wide as queries.
+  ks = jax.random.split(jax.random.PRNGKey(4), 2)
+  q = 0.3 * jax.random.normal(ks[0], (2, length, HEADS, length))
+  k = jax.random.normal(ks[1], (2, length, HEADS, length))
+  v = jnp.broadcast_to(jnp.eye(length)[None, :, None, :],
+                       (2, length, HEADS, length))
+  real = np.ones((2, length), bool)
+  real[1, 3:7] = False
+  real[1, -3:] = False
+  real = jnp.asarray(real)
+
+  def run(rate):
+    common = dict(causal=causal, pool='max', dropout_rate=rate,
+                  dropout_seed=jnp.uint32(seed))
+    if kw['variant'] == 'fixed':
+      out = fused.fixed(q, k, v, q, k, real, block_size=kw['block_size'],
+                        **common)
+    else:
+      out = fused.axial(q, k, v, q, k, real, plan=kw['axial_plan'],
+                        row_length=kw['row_length'], offset=0, **common)
+    return jnp.swapaxes(out * real[:, :, None, None], 1, 2)
+  return jax.jit(lambda: (run(0.0), run(rate)))(), real
+
+
+@pytest.mark.parametrize('kw,causal', [
+    (dict(variant='fixed', block_size=6), False),  # A partial last block.
+    (dict(variant='axial', axial_plan='vertical', row_length=5), False),
+    (dict(variant='axial', axial_plan='horizontal', row_length=5), True)],
+    ids=['fixed-mlm', 'vertical-mlm', 'horizontal-lm'])
+def test_dropout_drops_every_effective_weight_once(kw, causal):
+  """E_dropped(i, j) / E(i, j) is 0 or 1 / (1 - rate): one keep mask per
+  effective weight (two would give 1 / (1 - rate)^2 or a mix); in Fixed, a
+  span member's mask is shared by every query that reads the span's
+  summary."""
+  rate = 0.3
+  (exact, dropped), real = _one_hot_outputs(kw, causal, 20, rate, seed=7)
+  exact, dropped = np.asarray(exact), np.asarray(dropped)
+  support = exact > 1e-6
+  ratio = dropped[support] / exact[support]
+  kept = np.abs(ratio - 1 / (1 - rate)) < 1e-4
+  zero = np.abs(ratio) < 1e-6
+  assert np.all(kept | zero)
+  assert 0.5 < kept.mean() < 0.9, kept.mean()
+  assert np.all(np.abs(dropped[~support]) < 1e-6)
+  if kw['variant'] == 'fixed':
+    # Key j's weight for the queries outside its block is a span member's:
+    # one mask for all of them.
+    s = kw['block_size']
+    ratio = np.where(support, dropped / np.where(support, exact, 1.0), np.nan)
+    for b, h, j in itertools.product(*map(range, ratio.shape[:2]),
+                                     range(ratio.shape[-1])):
+      outside = np.ones(ratio.shape[2], bool)
+      outside[j // s * s:(j // s + 1) * s] = False
+      r = ratio[b, h, outside, j]
+      r = r[np.isfinite(r)]
+      assert r.size == 0 or np.ptp(r) < 1e-4
+
+
+def _dense_joint(queries, keys, n, m, rate, seed):
+  """`fused._joint` in plain XLA: every pass's scores in row-major query
+  order, one softmax, flash's keep masks on the direct keys (the calls'
+  seeds drawn in `_joint`'s order)."""
+  seeds = fused.Seeds(seed)
+  size = n * m
+  i = jnp.arange(size)
+  b = jnp.arange(queries['rows'].shape[0])[:, None, None, None]
+  h = jnp.arange(HEADS)[None, :, None, None]
+  logits, valid, values, keeps = [], [], [], []
+  for layout in ('rows', 'cols'):
+    sets = keys.get(layout, [])
+    order = [[s for s in sets if s.direct], [s for s in sets if not s.direct]]
+    for group in order:
+      if not group:
+        continue
+      pass_seed = seeds.next() if group[0].direct else None
+      for part, s in enumerate(group):
+        # Query position of row-major query i in this layout.
+        pos = i if layout == 'rows' else (i % m) * n + i // m
+        j = jnp.arange(s.k.shape[2])
+        q = queries[layout][:, :, pos]
+        logits.append(jnp.einsum('bhqd,bhkd->bhqk', q, s.k))
+        valid.append(s.rule.mask(pos[:, None], j[None, :])[None, None]
+                     & s.valid[:, None, None, :])
+        values.append(s.v)
+        keeps.append(
+            flash.keep_mask(pass_seed[0, 0], b, h, pos[None, None, :, None],
+                            j[None, None, None, :], part, HEADS, rate)
+            if pass_seed is not None else None)
+  s = jnp.concatenate(logits, -1)
+  ok = jnp.concatenate(valid, -1)
+  top = jax.lax.stop_gradient(jnp.max(jnp.where(ok, s, -jnp.inf), -1,
+                                      keepdims=True))
+  p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+  p = p / jnp.maximum(p.sum(-1, keepdims=True), 1e-30)
+  keep = jnp.concatenate([
+      jnp.ones(l.shape, bool) if kp is None
+      else jnp.broadcast_to(kp, l.shape) for kp, l in zip(keeps, logits)], -1)
+  scale = jnp.concatenate([jnp.full(l.shape[-1:], 1.0 if kp is None
+                                    else 1 / (1 - rate))
+                           for kp, l in zip(keeps, logits)])
+  p = jnp.where(keep, p * scale, 0.0)
+  return jnp.einsum('bhqk,bhkd->bhqd', p, jnp.concatenate(values, 2))
+
+
+def test_joint_with_dropout_equals_dense_formula_with_gradients():
+  """Rows pass: direct row keys (dropped) and two kinds of summaries per
+  row (not dropped); columns pass: the column without the query (dropped)
+  and one summary kind (not dropped)."""
+  n, m, d = 6, 5, 8
+  size = n * m
+  ks = iter(jax.random.split(jax.random.PRNGKey(5), 12))
+  rnd = lambda *shape: jax.random.normal(next(ks), shape)
+  real = np.ones((2, size), bool)
+  real[1, 7:13] = False
+  real[0, -4:] = False
+  has = np.random.RandomState(0).rand(2, 2 * size) > 0.3
+  cols_real = np.asarray(real).reshape(2, n, m).transpose(0, 2, 1).reshape(
+      2, size)
+  q_rows = 0.5 * rnd(2, HEADS, size, d)
+  arrays = [rnd(2, HEADS, size, d), rnd(2, HEADS, size, d),
+            rnd(2, HEADS, 2 * size, d), rnd(2, HEADS, 2 * size, d),
+            rnd(2, HEADS, size, d), rnd(2, HEADS, size, d),
+            rnd(2, HEADS, size, d), rnd(2, HEADS, size, d)]
+
+  def keys(a):
+    G = fused.GroupRule
+    return {'rows': [fused.Keys(a[0], a[1], jnp.asarray(real), G(m, 1, 'all')),
+                     fused.Keys(a[2], a[3], jnp.asarray(has), G(m, 2, 'ne'),
+                                direct=False)],
+            'cols': [fused.Keys(a[4], a[5], jnp.asarray(cols_real),
+                                G(n, 1, 'ne')),
+                     fused.Keys(a[6], a[7], jnp.asarray(has[:, :size]),
+                                G(n, 1, 'lt'), direct=False)]}
+
+  rate, seed = 0.25, jnp.uint32(11)
+  kernel = lambda q, *a: fused._joint(
+      {'rows': q, 'cols': fused._cols_of_rows(q, n, m)}, keys(a), n, m,
+      BLOCK, rate, fused.Seeds(seed))
+  dense = lambda q, *a: _dense_joint(
+      {'rows': q, 'cols': fused._cols_of_rows(q, n, m)}, keys(a), n, m,
+      rate, seed)
+  out = jax.jit(kernel)(q_rows, *arrays)
+  np.testing.assert_allclose(out, dense(q_rows, *arrays), rtol=1e-5,
+                             atol=1e-5)
+  cot = rnd(*out.shape)
+  argnums = tuple(range(9))
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)
+  got = jax.jit(jax.grad(loss(kernel), argnums))(q_rows, *arrays)
+  want = jax.grad(loss(dense), argnums)(q_rows, *arrays)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+def test_layer_dropout_runs_and_repeats():
+  kw = dict(variant='axial', axial_plan='vertical')
+  layer = combiner.CombinerAttention(num_heads=HEADS, qkv_features=QKV,
+                                     dropout_rate=0.2,
+                                     implementation='pallas', **kw)
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 24, FEATURES))
+  mask = _padding_mask(24)[:2]
+  variables = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)
+
+  @jax.jit
+  def run(rng):
+    def loss(params):
+      y = layer.apply({'params': params}, x, padding_mask=mask,
+                      deterministic=False, rngs={'dropout': rng})
+      return jnp.sum(y ** 2), y
+    return jax.value_and_grad(loss, has_aux=True)(variables['params'])
+  (_, y1), g1 = run(jax.random.PRNGKey(5))
+  (_, y2), _ = run(jax.random.PRNGKey(5))
+  (_, y3), _ = run(jax.random.PRNGKey(6))
+  np.testing.assert_array_equal(y1, y2)
+  assert float(jnp.abs(y1 - y3).max()) > 1e-3
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(g1))
+
+
+# -- the mask rule, knobs, lowering ------------------------------------------
+
+
+@pytest.mark.parametrize('queries,kinds,relation', [
+    (5, 1, 'all'), (5, 1, 'le'), (7, 1, 'lt'), (6, 1, 'gt'), (5, 1, 'ne'),
+    (5, 2, 'ne'), (3, 3, 'lt'), (20, 1, 'lt')])
+def test_group_rule_ranges_cover_its_mask(queries, kinds, relation):
+  rule = fused.GroupRule(queries, kinds, relation)
+  nq = 4 * queries + 3
+  nk = 4 * queries * kinds + 3 * kinds
+  i = np.arange(nq)[:, None]
+  j = np.arange(nk)[None, :]
+  dense = np.asarray(rule.mask(jnp.asarray(i), jnp.asarray(j)))
+  # The rule by its definition.
+  gi, ci = i // queries, i % queries
+  gj, cj = j // (kinds * queries), (j % (kinds * queries)) % queries
+  rel = {'all': cj == cj, 'le': cj <= ci, 'lt': cj < ci, 'gt': cj > ci,
+         'ne': cj != ci}[relation]
+  np.testing.assert_array_equal(dense, (gi == gj) & rel)
+  t = 4
+  for start in range(0, nq, t):
+    lo, hi = rule.key_range(jnp.int32(start), jnp.int32(start + t - 1), nk)
+    seen = np.nonzero(dense[start:start + t].any(0))[0]
+    assert seen.size == 0 or (int(lo) <= seen.min() and seen.max() < int(hi))
+  for start in range(0, nk, t):
+    lo, hi = rule.query_range(jnp.int32(start), jnp.int32(start + t - 1), nq)
+    seen = np.nonzero(dense[:, start:start + t].any(1))[0]
+    assert seen.size == 0 or (int(lo) <= seen.min() and seen.max() < int(hi))
+  valid = np.random.RandomState(1).rand(2, 4 * queries * kinds) > 0.6
+  for keys in (4 * queries * kinds, 4 * queries * kinds - 2):
+    got = rule.any_key(jnp.asarray(valid[:, :keys]), nq)
+    want = (dense[None, :, :keys] & valid[:, None, :keys]).any(-1)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize('variant', ['logsparse', 'mixture'])
+def test_uncovered_variants_are_refused_at_construction(variant):
+  with pytest.raises(ValueError, match="implementation='xla'"):
+    combiner.CombinerAttention(variant=variant, implementation='pallas')
+
+
+@pytest.mark.parametrize('platform', ['cuda', 'tpu'])
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16],
+                         ids=['float32', 'bfloat16'])
+def test_forward_and_backward_lower(platform, dtype, monkeypatch):
+  """Fixed (LM) and axial vertical (MLM) at head_dim 64, N = 1024."""
+  monkeypatch.setattr(fused, 'BLOCK', flash.DEFAULT_BLOCK)
+  batch, heads, length, dim = 1, 2, 1024, 64
+
+  def grads(q, k, v, real):
+    def loss(q, k, v):
+      a = fused.fixed(q, k, v, q, k, real, block_size=32, causal=True,
+                      pool='max')
+      b = fused.axial(q, k, v, q, k, real, plan='vertical', row_length=32,
+                      offset=0, causal=False, pool='max')
+      return jnp.sum((a + b).astype(jnp.float32))
+    return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+  s = jax.ShapeDtypeStruct((batch, length, heads, dim), dtype)
+  exported = jax.export.export(
+      jax.jit(grads), platforms=(platform,),
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+          '__gpu$xla.gpu.triton')])(
+              s, s, s, jax.ShapeDtypeStruct((batch, length), bool))
+  text = exported.mlir_module()
+  marker = '__gpu$xla.gpu.triton' if platform == 'cuda' else 'tpu_custom_call'
+  # Forward: fixed 1, vertical 2 spans + 2 passes; backward: fixed dq + 2
+  # dK/dV, spans 2 x (dq + dK/dV), rows pass dq + 2 dK/dV, columns pass dq
+  # + dK/dV.
+  assert text.count(marker) >= 17, text.count(marker)
