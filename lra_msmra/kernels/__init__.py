@@ -20,4 +20,7 @@ The modules here hold the others and the pieces they share:
 * `xla_layout`: how the `'xla'` code arranges its memory (`after`).
 * `long_short`: `'pallas'` of `long_short`, its attention core (window
   keys and landmarks under one softmax) as one call of `flash`.
+* `adamra`: `'pallas'` of `adamra`, its query side (each query's routed
+  resolution head against the heads' key summaries) as kernels of its own,
+  dispatched per platform as `flash`'s are.
 """
