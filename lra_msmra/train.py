@@ -142,18 +142,21 @@ def train_step_flops(config: ml_collections.ConfigDict,
   batch = steps_lib.abstract_batch(spec, config.batch_size, mesh)
   counted, replaced = flops_config(config)
   if replaced is None:
-    fn = jit_train_step
+    # The step's own trace: jit keeps it, so the first real call does not
+    # trace the model again.
+    jaxpr = jit_train_step.trace(abstract_state, batch).jaxpr
   else:
     model, tx, schedule = steps_lib.build(counted, spec)
-    fn = functools.partial(steps_lib.train_step, model=model, tx=tx,
-                           schedule=schedule,
-                           grad_accum_steps=config.grad_accum_steps)
-  result = flops_lib.matmul_flops(fn, abstract_state, batch)
-  notes = list(result['notes'])
+    jaxpr = jax.make_jaxpr(functools.partial(
+        steps_lib.train_step, model=model, tx=tx, schedule=schedule,
+        grad_accum_steps=config.grad_accum_steps))(abstract_state, batch)
+  found: set[str] = set()
+  flops = flops_lib.jaxpr_flops(jaxpr, found)
+  notes = sorted(found)
   if replaced is not None:
     notes.append(f"counted with implementation 'xla': {replaced!r} hides "
                  'its matmuls from the count')
-  return {'flops': int(result['flops']), 'notes': notes}
+  return {'flops': int(flops), 'notes': notes}
 
 
 def num_eval_batches(source: pipeline.Source, batch_size: int,
