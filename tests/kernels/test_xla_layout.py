@@ -1,4 +1,5 @@
-"""The `'xla'` code's scheduling dependency (lra_msmra/kernels/xla_layout.py)."""
+"""The `'xla'` code's scheduling dependency
+(lra_msmra/kernels/xla_layout.py)."""
 
 import jax
 import jax.numpy as jnp
