@@ -167,7 +167,9 @@ def cudnn_attention(q: Array, k: Array, v: Array, padding_mask: Array, *,
     out = jax.nn.dot_product_attention(
         q, k, v, scale=scale, is_causal=causal, query_seq_lengths=lengths,
         key_value_seq_lengths=lengths, implementation=CUDNN_BACKEND)
-  except RuntimeError as e:  # JAX's "cuDNN is not detected."
+  except RuntimeError as e:
+    if 'not detected' not in str(e):  # JAX's "cuDNN is not detected."
+      raise
     raise ValueError(
         f"implementation='cudnn' needs cuDNN on an NVIDIA GPU; JAX has none "
         f"in this process ({e}): run on a GPU or use implementation='xla'."
