@@ -5,10 +5,13 @@ Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
   python -m lra_msmra.main --config configs/pathx/transformer.py \
       --config.data_dir=/path/to/prepared --workdir DIR
 
-`data_dir` is the folder written by `python -m lra_msmra.data.prepare` (or
-the release folder holding pathfinder32/ ... pathfinder256/); with
-`data.generate=True` (the `runlocal` option), a small mock set in the release
-layout is generated.
+`data_dir` is the folder written by `python -m lra_msmra.data.prepare`: from
+the release (`--lra_release`) or by our seeded implementation of the
+Pathfinder generator with LRA's settings (`--generate_pathfinder`, 200,000
+images per set, recorded as generated data); or the release folder holding
+pathfinder32/ ... pathfinder256/. With `data.generate=True` (the `runlocal`
+option), `data.generator.num_examples` images of the configured set are
+generated into the workdir instead (docs/protocol.md §7.4).
 
 16384 tokens per image; every model of the LRA paper FAILs (chance level).
 Full softmax attention at this length needs a large accelerator.
@@ -33,13 +36,14 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # 'batches': LRA shuffles whole batches (buffer of 2048 batches, P10);
   # 'examples': reshuffle images every epoch.
   c.data.shuffle = 'batches'
-  # True: mock examples in the task's real format instead of data_dir, for
-  # plumbing checks only (`runlocal` sets it); results record them as
-  # 'mock' and never list them beside published numbers.
+  # True: write the images with our seeded implementation of the
+  # Pathfinder generator (LRA's settings for this resolution and
+  # difficulty) into <workdir>/data/pathfinder instead of reading data_dir.
+  # Results record the data as 'generated'.
   c.data.generate = False
-  # Mock data: synthetic images in the release
-  # layout, written to <workdir>/data/pathfinder.
-  c.data.generator = ml_collections.ConfigDict(dict(num_examples=2000, seed=0))
+  # Images of the generated set (the release has 200,000 per difficulty).
+  c.data.generator = ml_collections.ConfigDict(dict(num_examples=200_000,
+                                                    seed=0))
 
   m = c.model
   m.num_layers, m.emb_dim, m.num_heads, m.qkv_dim, m.mlp_dim = 1, 32, 2, 16, 32
@@ -60,7 +64,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
     # 16384 tokens per image do not fit a CPU run: runlocal uses 32x32
-    # images (generated, or the pathfinder32 folder of data_dir).
+    # images (generated, or the pathfinder32 folder of data_dir), of
+    # curv_baseline as Pathfinder's runlocal job.
     c.data.resolution = 32
+    c.data.difficulty = 'easy'
     c.data.generator.num_examples = 3000
   return c

@@ -45,18 +45,23 @@ line (LRA drops the last element after splitting on newlines, which would
 lose it); blank lines and malformed lines raise instead of crashing later;
 LRA drops the last partial evaluation batch, we evaluate every image.
 
-With `config.data.generate=True`, a small mock set in exactly this layout is
-generated into `<workdir>/data/pathfinder` (`generate_dataset`): two dashed
-curves and two markers per image, label 1 iff both markers sit on the ends
-of the same curve, plus one empty PNG as in the release.
+Generated data (docs/protocol.md §7.4): `generate_dataset` writes a
+difficulty folder in this layout with our seeded implementation of the
+Pathfinder generator (`pathfinder_generator`, LRA's settings), plus a
+`generator.json` stamp; `python -m lra_msmra.data.prepare
+--generate_pathfinder` writes all four sets. With `config.data.generate=True`,
+`config.data.generator.num_examples` images of the configured resolution and
+difficulty are generated into `<workdir>/data/pathfinder` (once). Data that
+carries the stamp is recorded as 'generated', with the generator's settings,
+wherever it is read from.
 
 config.data keys:
-  resolution: 32, 64, 128 or 256.
+  resolution: 32, 64, 128 or 256 (the generator: 32 or 128).
   difficulty: 'easy', 'intermediate' or 'hard'.
   pad_to_length: zero-pad the R * R tokens further to this length (0 =
     none; the xiong option sets 1024, a no-op at 32 x 32).
   shuffle: 'batches' (LRA) or 'examples'.
-  generate: True for mock images instead of data_dir.
+  generate: True for generated images instead of data_dir.
   generator: {num_examples, seed}, used only with generate.
 """
 
@@ -64,14 +69,19 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
+import multiprocessing
 import os
 import re
+import shutil
 import struct
+import time
 import zlib
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from lra_msmra.data import pathfinder_generator
 from lra_msmra.data import pipeline
 
 VOCAB_SIZE = 256  # pixel intensities are the tokens.
@@ -83,10 +93,10 @@ DIFFICULTIES = {'easy': 'curv_baseline',
 # TFDS percent slices of LRA's loader: train, validation, test.
 SPLIT_PERCENTS = {'train': (0, 80), 'eval': (80, 90), 'test': (90, 100)}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
-# Images per generator batch folder imgs/<k> in generated data.
-GENERATED_PER_FOLDER = 500
-# Bumped whenever generated data changes, so stale workdir data is redone.
-GENERATOR_VERSION = 1
+# Images per folder imgs/<k> in generated data.
+GENERATED_PER_FOLDER = 1000
+# Images per difficulty in the release (and by default in generated sets).
+RELEASE_EXAMPLES = 200_000
 
 
 class Example(NamedTuple):
@@ -321,92 +331,171 @@ def write_png(path: str, image: np.ndarray) -> None:
             chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
 
 
-def _curve(rng: np.random.Generator, size: int, length: int
-           ) -> np.ndarray:
-  """Points `[length + 1, 2]` of a smooth random walk inside the canvas."""
-  margin = 2.0
-  p = rng.uniform(margin, size - 1 - margin, size=2)
-  theta = rng.uniform(0, 2 * np.pi)
-  points = [p.copy()]
-  for _ in range(length):
-    theta += rng.normal(0, 0.35)
-    step = np.array([np.cos(theta), np.sin(theta)]) * 1.5
-    nxt = p + step
-    for axis in range(2):  # Reflect off the borders.
-      if not margin <= nxt[axis] <= size - 1 - margin:
-        step[axis] = -step[axis]
-        theta = np.arctan2(step[1], step[0])
-    p = np.clip(p + step, margin, size - 1 - margin)
-    points.append(p.copy())
-  return np.array(points)
+def _metadata_line(batch: int, i: int, label: int, margin: int,
+                   s: pathfinder_generator.Settings) -> str:
+  """The official generator's metadata fields: folder, file, index within
+  the folder, label, continuity, contour length, distractor length, paddle
+  length, paddle thickness, paddle margin, number of paddle contrasts."""
+  return ' '.join(str(v) for v in (
+      f'imgs/{batch}', f'sample_{i}.png', i, label, s.continuity,
+      s.contour_length, s.distractor_length, s.paddle_length,
+      s.paddle_thickness, margin, len(s.paddle_contrasts)))
 
 
-def _draw_dashes(canvas: np.ndarray, points: np.ndarray, value: int) -> None:
-  """Draws every other segment of a polyline (the release's 'paddles')."""
-  for i in range(0, len(points) - 1, 2):
-    for t in np.linspace(0, 1, 4):
-      y, x = np.round(points[i] * (1 - t) + points[i + 1] * t).astype(int)
-      canvas[y, x] = value
-
-
-def _draw_marker(canvas: np.ndarray, point: np.ndarray, value: int) -> None:
-  cy, cx = np.round(point).astype(int)
-  size = canvas.shape[0]
-  for y in range(max(cy - 1, 0), min(cy + 2, size)):
-    for x in range(max(cx - 1, 0), min(cx + 2, size)):
-      canvas[y, x] = value
-
-
-def synthetic_image(rng: np.random.Generator, size: int, label: int
-                    ) -> np.ndarray:
-  """One Pathfinder-like image: two dashed curves, two markers.
-
-  Label 1: the markers sit on both ends of the same curve; label 0: on one
-  end of each curve.
-  """
-  length = max(8, size // 3)
-  canvas = np.zeros((size, size), np.uint8)
-  a, b = _curve(rng, size, length), _curve(rng, size, length)
-  _draw_dashes(canvas, a, 200)
-  _draw_dashes(canvas, b, 200)
-  ends = (a[0], a[-1]) if label else (a[0], b[-1])
-  for end in ends:
-    _draw_marker(canvas, end, 255)
-  return canvas
+def _write_folder(task: tuple[str, pathfinder_generator.Settings, str, int,
+                              int, int, int]
+                  ) -> tuple[int, list[str], float]:
+  """Writes the PNGs of one `imgs/<batch>` folder; returns (batch, its
+  metadata lines, seconds). Runs in worker processes."""
+  folder, s, difficulty, seed, batch, start, count = task
+  began = time.perf_counter()
+  img_dir = os.path.join(folder, 'imgs', str(batch))
+  os.makedirs(img_dir, exist_ok=True)
+  lines = []
+  for i in range(count):
+    pixels, label, margin = pathfinder_generator.generate_image(
+        s, seed, difficulty, start + i)
+    write_png(os.path.join(img_dir, f'sample_{i}.png'), pixels)
+    lines.append(_metadata_line(batch, i, label, margin, s))
+  return batch, lines, time.perf_counter() - began
 
 
 def generate_dataset(root: str, *, resolution: int, difficulty: str,
-                     num_examples: int, seed: int) -> str:
-  """Writes a synthetic difficulty folder in the release layout.
+                     num_examples: int, seed: int,
+                     per_folder: int = GENERATED_PER_FOLDER,
+                     workers: int = 1, pathx_distractors: str = 'release',
+                     log: Optional[Any] = None) -> str:
+  """Writes one difficulty folder with our generator, in the release layout.
 
-  Also writes one empty PNG listed in the metadata, as in the release (P21).
+  Image n (0-based) is `pathfinder_generator.generate_image(settings, seed,
+  difficulty, n)`, written to `imgs/<n // per_folder>/sample_<n %
+  per_folder>.png` and listed in `metadata/<n // per_folder>.npy`, so the
+  files are the same for any number of workers. A folder's metadata file
+  is written after its images; an interrupted run of the same settings
+  resumes from the folders it finished. `generator.json` (written last)
+  records the settings, the time taken and the label counts.
+
+  Args:
+    root: the folder that gets `pathfinder<R>/<difficulty folder>`.
+    resolution: 32 or 128.
+    difficulty: 'easy', 'intermediate' or 'hard'.
+    num_examples: images to write (the release has 200,000).
+    seed: the set's seed.
+    per_folder: images per `imgs/<k>` folder.
+    workers: processes writing folders in parallel.
+    pathx_distractors: the Path-X distractor count (see
+      `pathfinder_generator.PATHX_DISTRACTORS`).
+    log: called with a progress line now and then (e.g. print).
 
   Returns:
     The difficulty folder.
+
+  Raises:
+    ValueError: bad settings, or a folder holding other data.
   """
+  s = pathfinder_generator.settings(resolution, difficulty, pathx_distractors)
+  for name, value, low in (('num_examples', num_examples, 1),
+                           ('seed', seed, 0), ('per_folder', per_folder, 1),
+                           ('workers', workers, 1)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise ValueError(f'{name}={value!r} must be an integer >= {low}.')
   folder = folder_path(root, resolution, difficulty)
-  rng = np.random.default_rng(seed)
-  os.makedirs(os.path.join(folder, 'metadata'), exist_ok=True)
-  lines: dict[int, list[str]] = {}
-  for n in range(num_examples + 1):
-    batch = n // GENERATED_PER_FOLDER
-    img_dir = os.path.join(folder, 'imgs', str(batch))
-    os.makedirs(img_dir, exist_ok=True)
-    label = int(rng.integers(2))
-    name = f'sample_{n}.png'
-    if n == 0:
-      open(os.path.join(img_dir, name), 'wb').close()  # The empty PNG.
-    else:
-      write_png(os.path.join(img_dir, name),
-                synthetic_image(rng, resolution, label))
-    # Fields after the label follow the generator: continuity, contour
-    # length, distractor length, paddle length, thickness, margin, contrasts.
-    lines.setdefault(batch, []).append(
-        f'imgs/{batch} {name} {n} {label} 1.0 14 4 2 0.5 1 1')
-  for batch, rows in lines.items():
-    with open(os.path.join(folder, 'metadata', f'{batch}.npy'), 'w') as f:
-      f.write(''.join(r + '\n' for r in rows))
+  spec = {'generator': 'pathfinder', 'version': pathfinder_generator.VERSION,
+          'resolution': resolution, 'difficulty': difficulty,
+          'num_examples': num_examples, 'seed': seed,
+          'per_folder': per_folder, 'settings': s.to_dict()}
+  if resolution == 128:
+    spec['pathx_distractors'] = pathx_distractors
+
+  def write() -> dict[str, Any]:
+    return _write_dataset(folder, s, spec, workers, log)
+
+  pipeline.generate_once(folder, spec, write)
   return folder
+
+
+def _write_dataset(folder: str, s: pathfinder_generator.Settings,
+                   spec: dict[str, Any], workers: int, log: Optional[Any]
+                   ) -> dict[str, Any]:
+  """`generate_dataset`'s work; returns the stamp's details."""
+  progress = os.path.join(folder, 'generating.json')
+  meta_dir = os.path.join(folder, 'metadata')
+  resumable = False
+  if os.path.exists(progress):
+    with open(progress) as f:
+      resumable = json.load(f) == json.loads(json.dumps(spec))
+  if not resumable and os.path.isdir(meta_dir):
+    if not (os.path.exists(progress) or
+            pipeline.read_generator_stamp(folder) is not None):
+      raise ValueError(f'{folder} holds Pathfinder data our generator did '
+                       'not write; choose another output folder.')
+    for sub in ('imgs', 'metadata'):
+      shutil.rmtree(os.path.join(folder, sub), ignore_errors=True)
+    stamp = os.path.join(folder, pipeline.GENERATOR_STAMP)
+    if os.path.exists(stamp):
+      os.remove(stamp)
+  os.makedirs(meta_dir, exist_ok=True)
+  with open(progress, 'w') as f:
+    json.dump(spec, f, indent=1)
+  n, per = spec['num_examples'], spec['per_folder']
+  tasks = [(folder, s, spec['difficulty'], spec['seed'], k, k * per,
+            min(per, n - k * per)) for k in range(-(-n // per))
+           if not os.path.exists(os.path.join(meta_dir, f'{k}.npy'))]
+  began, load_start = time.time(), os.getloadavg()
+  to_write = sum(t[-1] for t in tasks)
+  labels, margins, done = [0, 0], {}, n - to_write
+
+  def finish(batch: int, lines: list[str]) -> None:
+    nonlocal done
+    path = os.path.join(meta_dir, f'{batch}.npy')
+    with open(path + '.tmp', 'w') as f:
+      f.write(''.join(line + '\n' for line in lines))
+    os.replace(path + '.tmp', path)
+    done += len(lines)
+    if log is not None and (batch % 20 == 0 or done == n):
+      rate = done / max(time.time() - began, 1e-9)
+      log(f'  {folder}: {done}/{n} images ({rate:.0f}/s)')
+
+  if workers == 1 or len(tasks) <= 1:
+    for task in tasks:
+      batch, lines, _ = _write_folder(task)
+      finish(batch, lines)
+  else:
+    # Forked workers need no importable __main__; the parent holds no
+    # threads here (TensorFlow is imported only to read PNGs).
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context(
+        'fork' if 'fork' in methods else 'spawn')
+    with context.Pool(workers) as pool:
+      for batch, lines, _ in pool.imap_unordered(_write_folder, tasks):
+        finish(batch, lines)
+  seconds = time.time() - began
+  for path in glob.glob(os.path.join(meta_dir, '*.npy')):
+    with open(path) as f:
+      for line in f:
+        fields = line.split(' ')
+        labels[int(fields[3])] += 1
+        margins[fields[9]] = margins.get(fields[9], 0) + 1
+  os.remove(progress)
+  used = min(workers, max(len(tasks), 1))
+  return {
+      'generation_seconds': round(seconds, 1),
+      'images_written': to_write,
+      # Wall time per image times the processes that wrote them.
+      'seconds_per_image_per_worker': (
+          round(seconds * used / to_write, 5) if to_write else None),
+      'workers': workers, 'cpu_count': os.cpu_count(),
+      'load_average_start': [round(v, 2) for v in load_start],
+      'load_average_end': [round(v, 2) for v in os.getloadavg()],
+      'labels': {'0': labels[0], '1': labels[1]},
+      'paddle_margins': dict(sorted(margins.items())),
+  }
+
+
+def read_stamp(folder: str) -> Optional[dict[str, Any]]:
+  """The generator record of a difficulty folder our generator wrote
+  (`{'spec', 'details'}`), or None for any other folder (released data)."""
+  return pipeline.read_generator_stamp(folder)
 
 
 # ---------------------------------------------------------------- the task
@@ -428,20 +517,29 @@ TASK = pipeline.Task(
     data_keys=frozenset({'difficulty', 'pad_to_length', 'resolution',
                          'shuffle'}),
     generator_keys=frozenset({'num_examples', 'seed'}),
-    synthetic='mock', prepare=pipeline.RELEASE_HINT,
+    synthetic='generated',
+    prepare=(pipeline.RELEASE_HINT + ', or write it with our seeded '
+             'implementation of the Pathfinder generator: `python -m '
+             'lra_msmra.data.prepare --generate_pathfinder --out DIR`'),
     length=lambda data: data.resolution ** 2, extra_check=_check_data)
 get_model_spec = TASK.model_spec
 
 
 def _generated_root(config: Any, workdir: str) -> str:
-  """Generates (once) the folder described by config.data.generator."""
-  spec = dict(config.data.generator.to_dict(),
-              resolution=config.data.resolution,
-              difficulty=config.data.difficulty)
+  """Generates (once) the difficulty folder of config.data.generator into
+  `<workdir>/data/pathfinder`; returns that root."""
   root = os.path.join(workdir, 'data', 'pathfinder')
-  return pipeline.generate_once(
-      root, dict(spec, version=GENERATOR_VERSION),
-      lambda: generate_dataset(root, **spec))
+  if pipeline.read_generator_stamp(root) is not None:
+    # Mock images of an earlier version, stamped at the root: redone.
+    for name in os.listdir(root):
+      if name.startswith('pathfinder') or name == pipeline.GENERATOR_STAMP:
+        path = os.path.join(root, name)
+        (shutil.rmtree if os.path.isdir(path) else os.remove)(path)
+  gen = config.data.generator
+  generate_dataset(root, resolution=config.data.resolution,
+                   difficulty=config.data.difficulty,
+                   num_examples=gen.num_examples, seed=gen.seed)
+  return root
 
 
 def _refuse_second_copy(root: str, resolution: int) -> None:
@@ -466,7 +564,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   """The Pathfinder / Path-X splits for `config` (module docstring)."""
   source, length = TASK.begin(config)
   data = config.data
-  if source == 'mock':
+  if source == 'generated':
     root = _generated_root(config, workdir)
   else:
     root = config.data_dir
@@ -494,9 +592,11 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   train = pipeline.with_train_shuffle(sources['train'], data.shuffle,
                                       BATCH_SHUFFLE_WINDOW)
   zero = float(np.mean(sources['test'].arrays['inputs'] == 0))
+  # Files our generator wrote carry its stamp, wherever they were written.
+  stamp = read_stamp(folder)
   notes = {
       'data_dir': folder,
-      'data_source': source,
+      'data_source': 'release' if stamp is None else 'generated',
       'resolution': data.resolution,
       'difficulty': f'{data.difficulty} ({DIFFICULTIES[data.difficulty]})',
       'split': 'TFDS order (md5 of difficulty + key), 80/10/10',
@@ -505,6 +605,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
       'test_fraction_zero_pixels': zero,
       **pipeline.fidelity_notes(config, train.train_shuffle),
   }
+  if stamp is not None:
+    notes['generator'] = TASK.generator_settings(stamp['spec'])
   return pipeline.TaskData(
       train=train, eval=sources['eval'], test=sources['test'],
       num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,

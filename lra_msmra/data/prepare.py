@@ -28,6 +28,21 @@ What it writes (`DIR/`):
 Then point every task's config at it: `--config.data_dir=DIR` (ListOps also
 takes `DIR/listops-1000` directly).
 
+Generated data instead of the release (docs/protocol.md §6, §7.4):
+
+  python -m lra_msmra.data.prepare --generate_listops --out DIR
+  python -m lra_msmra.data.prepare --generate_pathfinder --out DIR \
+      [--workers N] [--pathfinder_num_examples N] [--pathfinder_sets ...]
+
+`--generate_listops` writes `listops-1000/`; `--generate_pathfinder` writes
+`pathfinder32/{curv_baseline,curv_contour_length_9,curv_contour_length_14}`
+and `pathfinder128/curv_contour_length_14` (200,000 images each, as the
+release) in the release layout, with our seeded implementations of the
+official generators. Each folder holds a `generator.json` stamp (settings,
+seed, time taken, load average, label counts), and runs on it record the
+data as generated. An interrupted `--generate_pathfinder` resumes where it
+stopped when run again with the same settings.
+
 Checks: the files of every task in `--tasks` must exist (the command fails
 naming each missing path); per split it prints the number of examples, and
 for Pathfinder the empty PNGs that the pipeline will skip (P21). Every other
@@ -57,6 +72,7 @@ from typing import Any, Optional, Sequence
 
 from lra_msmra.data import listops
 from lra_msmra.data import pathfinder
+from lra_msmra.data import pathfinder_generator
 from lra_msmra.data import retrieval
 from lra_msmra.data import tfds_io
 
@@ -322,6 +338,13 @@ def _print_report(report: dict[str, Any], out: str) -> None:
     print(f'{LISTOPS}: generated (seed {gen["settings"]["seed"]}) in '
           f'{gen["generation_seconds"]:.0f} s: ' + ', '.join(
               f'{s} {v["examples"]}' for s, v in gen['splits'].items()))
+  for name, stamp in report.get('pathfinder_generated', {}).items():
+    spec, details = stamp['spec'], stamp['details']
+    print(f'{name}: generated (seed {spec["seed"]}), '
+          f'{spec["num_examples"]} images, labels 0/1 '
+          f'{details["labels"]["0"]}/{details["labels"]["1"]}, in '
+          f'{details["generation_seconds"]:.0f} s with '
+          f'{details["workers"]} worker(s)')
   for name, splits in report.get('tfds', {}).items():
     print(f'{name}: ' + ', '.join(f'{s} {n}' for s, n in splits.items()))
   print(f'\nWrote {os.path.join(out, MANIFEST)}. Use '
@@ -344,6 +367,54 @@ def generate_listops(out: str, seed: int, **settings: int) -> dict[str, Any]:
   return listops.read_stamp(folder)
 
 
+# The sets --generate_pathfinder writes: (resolution, difficulty); LRA's
+# Pathfinder is 32/hard, Path-X 128/hard.
+PATHFINDER_SETS = ((32, 'easy'), (32, 'intermediate'), (32, 'hard'),
+                   (128, 'hard'))
+
+
+def parse_pathfinder_sets(text: str) -> list[tuple[int, str]]:
+  """'32/hard,128/hard' -> [(32, 'hard'), (128, 'hard')]."""
+  sets = []
+  for item in text.split(','):
+    res, _, difficulty = item.strip().partition('/')
+    if (not res.isdigit() or (int(res), difficulty) not in
+        PATHFINDER_SETS):
+      valid = ','.join(f'{r}/{d}' for r, d in PATHFINDER_SETS)
+      raise ValueError(f'--pathfinder_sets: {item.strip()!r} is not one of '
+                       f'{valid}.')
+    sets.append((int(res), difficulty))
+  return sets
+
+
+def generate_pathfinder(out: str, sets: Sequence[tuple[int, str]],
+                        num_examples: int, seed: int, workers: int,
+                        pathx_distractors: str = 'release'
+                        ) -> dict[str, Any]:
+  """Writes Pathfinder difficulty folders with our seeded generator (LRA's
+  settings); returns each folder's `generator.json` (settings, time,
+  label counts), keyed by `pathfinder<R>/<folder>`."""
+  report = {}
+  for resolution, difficulty in sets:
+    top = os.path.join(out, f'pathfinder{resolution}')
+    folder = pathfinder.folder_path(out, resolution, difficulty)
+    if os.path.islink(top) or (os.path.isdir(folder) and
+                               pathfinder.read_stamp(folder) is None and
+                               not os.path.exists(
+                                   os.path.join(folder, 'generating.json'))
+                               and os.listdir(folder)):
+      raise PrepareError(f'{folder} already holds release data; choose '
+                         'another --out.')
+    print(f'Generating {num_examples} Pathfinder images (seed {seed}) into '
+          f'{folder} with {workers} worker(s) ...', flush=True)
+    pathfinder.generate_dataset(
+        out, resolution=resolution, difficulty=difficulty,
+        num_examples=num_examples, seed=seed, workers=workers,
+        pathx_distractors=pathx_distractors, log=print)
+    report[os.path.relpath(folder, out)] = pathfinder.read_stamp(folder)
+  return report
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = argparse.ArgumentParser(
       prog='python -m lra_msmra.data.prepare',
@@ -361,6 +432,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  'from the release. Results record it as generated data.')
   p.add_argument('--listops_seed', type=int, default=0,
                  help='Seed of --generate_listops.')
+  p.add_argument('--generate_pathfinder', action='store_true', help='Write '
+                 'pathfinder32 (curv_baseline, curv_contour_length_9, '
+                 'curv_contour_length_14) and pathfinder128 '
+                 '(curv_contour_length_14, Path-X) into DIR with our seeded '
+                 'implementation of the Pathfinder generator and LRA\'s '
+                 'settings, in the release layout, instead of taking them '
+                 'from the release. Results record them as generated data.')
+  p.add_argument('--pathfinder_sets',
+                 default=','.join(f'{r}/{d}' for r, d in PATHFINDER_SETS),
+                 help='Comma-separated resolution/difficulty sets of '
+                 '--generate_pathfinder (default: all four).')
+  p.add_argument('--pathfinder_num_examples', type=int,
+                 default=pathfinder.RELEASE_EXAMPLES,
+                 help='Images per set of --generate_pathfinder (default: '
+                 'the release\'s 200,000; fewer for tests and timing).')
+  p.add_argument('--pathfinder_seed', type=int, default=0,
+                 help='Seed of --generate_pathfinder.')
+  p.add_argument('--pathx_distractors', default='release',
+                 choices=sorted(pathfinder_generator.PATHX_DISTRACTORS),
+                 help='Path-X distractor snakes: as in the released data '
+                 '(70 / distractor length, LRA issue #38; default) or as '
+                 'documented in LRA\'s builder (35 / distractor length).')
+  p.add_argument('--workers', type=int, default=os.cpu_count() or 1,
+                 help='Processes of --generate_pathfinder (default: one per '
+                 'CPU).')
   p.add_argument('--tasks', default=','.join(TASKS),
                  help=f'Comma-separated subset of {",".join(TASKS)} whose '
                  'files must be present (default: all).')
@@ -372,11 +468,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   unknown = sorted(set(tasks) - set(TASKS))
   if unknown:
     p.error(f'--tasks: unknown {unknown}; valid: {list(TASKS)}.')
-  if not (args.lra_release or args.tfds or args.generate_listops):
-    p.error('Give --lra_release, --tfds, --generate_listops or several.')
+  if not (args.lra_release or args.tfds or args.generate_listops or
+          args.generate_pathfinder):
+    p.error('Give --lra_release, --tfds, --generate_listops, '
+            '--generate_pathfinder or several.')
   if args.lra_release and args.generate_listops and 'listops' in tasks:
     p.error('--generate_listops writes the listops-1000 folder the release '
             'also provides: leave listops out of --tasks, or drop one.')
+  if args.lra_release and args.generate_pathfinder and (
+      {'pathfinder', 'pathx'} & set(tasks)):
+    p.error('--generate_pathfinder writes the pathfinder folders the release '
+            'also provides: leave pathfinder and pathx out of --tasks, or '
+            'drop one.')
+  if args.workers < 1:
+    p.error(f'--workers={args.workers} must be at least 1.')
+  if args.pathfinder_num_examples < 1:
+    p.error(f'--pathfinder_num_examples={args.pathfinder_num_examples} must '
+            'be at least 1.')
+  if args.pathfinder_seed < 0:
+    p.error(f'--pathfinder_seed={args.pathfinder_seed} must be at least 0.')
+  try:
+    pathfinder_sets = parse_pathfinder_sets(args.pathfinder_sets)
+  except ValueError as e:
+    p.error(str(e))
   os.makedirs(args.out, exist_ok=True)
   report: dict[str, Any] = {}
   try:
@@ -388,6 +502,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.generate_listops:
       report['listops_generated'] = generate_listops(args.out,
                                                      args.listops_seed)
+    if args.generate_pathfinder:
+      report['pathfinder_generated'] = generate_pathfinder(
+          args.out, pathfinder_sets, args.pathfinder_num_examples,
+          args.pathfinder_seed, args.workers, args.pathx_distractors)
   except (PrepareError, FileNotFoundError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

@@ -9,6 +9,7 @@ from tensorflow_datasets.core import hashing
 from tensorflow_datasets.core import splits as tfds_splits
 
 from lra_msmra.data import pathfinder
+from lra_msmra.data import pathfinder_generator
 from tests.data.helpers import task_config
 from tests.data.helpers import write_release
 
@@ -66,14 +67,47 @@ def test_metadata_keys_are_lra_keys(tmp_path):
 
 
 def test_generated_runlocal_data_round_trips(tmp_path):
-  config = task_config('pathfinder', generator={'num_examples': 40})
+  # data.generate: our generator writes the configured set into the workdir.
+  config = task_config('pathfinder', generator={'num_examples': 20},
+                       difficulty='easy')
   data = pathfinder.get_datasets(config, str(tmp_path))
-  assert data.notes['data_source'] == 'mock'
-  assert sum(data.notes['empty_pngs_skipped'].values()) == 1
-  assert len(data.train) + len(data.eval) + len(data.test) == 40
-  batch = data.train.get(np.arange(len(data.train)))
-  assert set(np.unique(batch['targets'])) <= {0, 1}
-  assert batch['inputs'].max() == 255 and (batch['inputs'] == 0).mean() > 0.5
+  assert data.notes['data_source'] == 'generated'
+  gen = data.notes['generator']
+  assert (gen['num_examples'], gen['seed'], gen['difficulty'],
+          gen['resolution']) == (20, 0, 'easy', 32)
+  assert gen['settings']['contour_length'] == 6
+  assert sum(data.notes['empty_pngs_skipped'].values()) == 0
+  assert len(data.train) + len(data.eval) + len(data.test) == 20
+  # The images are the generator's, in TFDS order.
+  folder = data.notes['data_dir']
+  test = pathfinder.split_examples(pathfinder.read_metadata(folder),
+                                   'easy')['test']
+  s = pathfinder_generator.settings(32, 'easy')
+  batch = data.test.get(np.arange(len(test)))
+  for row, example in enumerate(test):
+    n = int(example.image.split('_')[-1][:-len('.png')])
+    pixels, label, _ = pathfinder_generator.generate_image(s, 0, 'easy', n)
+    np.testing.assert_array_equal(batch['inputs'][row], pixels.reshape(-1))
+    assert batch['targets'][row] == label
+  # The same folder read through data_dir is still recorded as generated.
+  config = task_config('pathfinder', None, data_dir=str(tmp_path / 'data' /
+                                                        'pathfinder'),
+                       difficulty='easy')
+  again = pathfinder.get_datasets(config, str(tmp_path / 'other'))
+  assert again.notes['data_source'] == 'generated'
+  assert again.notes['generator'] == gen
+
+
+def test_earlier_mock_data_in_a_workdir_is_replaced(tmp_path):
+  # Workdirs of earlier versions hold mock images stamped at the root.
+  root = tmp_path / 'data' / 'pathfinder'
+  write_release(str(root), difficulty='easy', num=10, empty=())
+  (root / 'generator.json').write_text('{"spec": {"version": 1}}')
+  config = task_config('pathfinder', generator={'num_examples': 10},
+                       difficulty='easy')
+  data = pathfinder.get_datasets(config, str(tmp_path))
+  assert data.notes['data_source'] == 'generated'
+  assert not (root / 'generator.json').exists()
 
 
 def test_pathx_reads_pathfinder128_hard(tmp_path):

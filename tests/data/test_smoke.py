@@ -39,8 +39,8 @@ def test_one_train_and_eval_step(task, tmp_path):
   assert results['final']['step'] == 1
   assert 0.0 <= results['test_accuracy'] <= 1.0
   notes = results['data_notes']
-  assert notes['data_source'] == ('generated' if task == 'listops' else
-                                  'mock')
+  assert notes['data_source'] == (
+      'generated' if task in ('listops', 'pathfinder', 'pathx') else 'mock')
   if task != 'listops':
     for switch in ('zero_id_is_padding', 'pooling', 'train_shuffle'):
       assert switch in notes
