@@ -74,6 +74,7 @@ import jax.numpy as jnp
 
 from lra_msmra.attention import base
 from lra_msmra.kernels import cpu_rows
+from lra_msmra.kernels import flash
 from lra_msmra.kernels import long_short as fused
 from lra_msmra.kernels import xla_layout
 
@@ -535,15 +536,11 @@ class LongShortAttention(base.Attention):
     if r:
       landmarks = (projected[0], projected[1],
                    fused.landmark_flags(padding_mask, geometry))
-    seed, rate = None, 0.0
-    if not deterministic and self.dropout_rate > 0.0:
-      rate = self.dropout_rate
-      seed = jax.random.bits(self.make_rng('dropout'), (), jnp.uint32)
     with_mass = bool(r and self.window_size and not self.is_initializing()
                      and self.is_mutable_collection('metrics'))
     return fused.attend(q, landmarks, window, padding_mask, geometry,
-                        dropout_rate=rate, dropout_seed=seed,
-                        long_range_mass=with_mass)
+                        long_range_mass=with_mass,
+                        **flash.layer_dropout(self, deterministic))
 
   # -- bidirectional --------------------------------------------------------
 

@@ -28,20 +28,17 @@ the same variables.
 What the fused kernel does not give: the joint weights (`probs`), which the
 'xla' core sows into `intermediates`; apply the same variables with
 `implementation='xla'` to inspect them. The metric `long_range_mass` (mean
-weight on the landmarks) comes from the kernel's per-query log-sum-exp: the
-landmark weight of query i is exp(lse_landmarks_i - lse_i), with
-lse_landmarks from one more forward pass over the landmarks alone (N r d
-work, no gradient), computed only when the metric is collected.
+weight on the landmarks) is computed by one more forward pass of the kernel
+without gradient, with values 1 on the landmarks and 0 on the window keys,
+so that its output is each query's landmark weight; it runs only when the
+metric is collected (training), about a quarter more kernel work in a
+training step. (With the log-sum-exp of the main call, a pass over the
+landmarks alone would do: exp(lse_landmarks - lse).)
 
 Attention dropout is the flash kernel's: a keep mask hashed from a seed of
 the layer's dropout RNG (`flash.keep_mask`, window keys counted by sequence
 position, landmarks by index), redrawn in the backward pass; the same rate
 as the 'xla' core's `jax.random` mask, other bits.
-
-`flash.flash_attention` returns its output only, so this module calls the
-pieces behind it (`flash._Static`, `_forward`, `_backward`, `_pad`,
-`_flags`): `_fused` is flash's custom VJP with the log-sum-exp also
-returned. They go once flash returns the log-sum-exp itself.
 """
 
 from __future__ import annotations
@@ -110,45 +107,6 @@ def landmark_flags(padding_mask: Array, geometry: Geometry) -> Array:
   return jnp.repeat(jnp.any(chunks, -1), r, axis=1)
 
 
-# -- the flash kernel, with its log-sum-exp ----------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(static, seed, q, window_args, extra_args):
-  """flash's forward pass returning (out, lse); gradients through out only.
-
-  Callers read lse under `lax.stop_gradient`; its cotangent is dropped.
-  """
-  return flash._forward(static, seed, q, window_args, extra_args)  # pylint: disable=protected-access
-
-
-def _fused_fwd(static, seed, q, window_args, extra_args):
-  out, lse = flash._forward(static, seed, q, window_args, extra_args)  # pylint: disable=protected-access
-  return (out, lse), (seed, q, window_args, extra_args, out, lse)
-
-
-def _fused_bwd(static, residuals, cotangents):
-  seed, q, window_args, extra_args, out, lse = residuals
-  d_out, _ = cotangents
-  d_q, d_window, d_extra = flash._backward(  # pylint: disable=protected-access
-      static, seed, q, window_args, extra_args, out, lse, d_out)
-  # The seed and the validity flags are integers: no cotangent.
-  if d_window is not None:
-    d_window = (*d_window, None)
-  if d_extra is not None:
-    d_extra = (*d_extra, None)
-  return None, d_q, d_window, d_extra
-
-
-_fused.defvjp(_fused_fwd, _fused_bwd)
-
-
-def _operands(keys: Array, values: Array, flags: Array, tile: int):
-  """Heads-major keys and values and int32 flags, padded to the tile."""
-  return (flash._pad(keys, 2, tile), flash._pad(values, 2, tile),  # pylint: disable=protected-access
-          flash._flags(flags, tile))  # pylint: disable=protected-access
-
-
 # -- the attention core ------------------------------------------------------
 
 
@@ -192,62 +150,34 @@ def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
     raise ValueError(f'{geometry} does not match the key sets given '
                      f'(landmarks: {landmarks is not None}, window: '
                      f'{window is not None}).')
-  batch, length, heads, _ = q.shape
+  length = q.shape[1]
   if geometry.causal and rule is not None and length % geometry.chunk_size:
     raise ValueError(f'length {length} is not a multiple of chunk_size='
                      f'{geometry.chunk_size}.')
-  seed = None
-  if dropout_rate:
-    if dropout_seed is None:
-      raise ValueError('dropout_rate > 0 needs a dropout_seed.')
-    # flash_attention's form of the seed: int32 `[1, 1]`.
-    seed = lax.bitcast_convert_type(
-        jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32).reshape(1, 1)
   # The kernel is heads-major: one (batch, head) is a contiguous matrix.
   heads_major = lambda a: a.transpose(0, 2, 1, 3)
-  longest = max(length, landmarks[0].shape[1] if landmarks else 0)
-  tile = flash.tile_size(longest, block or BLOCK)
-  q_h = flash._pad(heads_major(q), 2, tile)  # pylint: disable=protected-access
-  window_args = extra_args = None
+  q = heads_major(q)
+  k = v = key_mask = extra = None
   if window is not None:
     k, v, key_mask = window
-    window_args = _operands(heads_major(k), heads_major(v), key_mask, tile)
+    k, v = heads_major(k), heads_major(v)
   if landmarks is not None:
     k_bar, v_bar, flags = landmarks
-    extra_args = _operands(heads_major(k_bar), heads_major(v_bar), flags,
-                           tile)
-  static = flash._Static(win, rule, tile, heads=heads,  # pylint: disable=protected-access
-                         dropout_rate=float(dropout_rate))
-  out, lse = _fused(static, seed, q_h, window_args, extra_args)
+    extra = (heads_major(k_bar), heads_major(v_bar), flags)
+  call = functools.partial(flash.flash_attention, window=win,
+                           extra_rule=rule or flash.Extra(),
+                           block=block or BLOCK)
+  out = call(q, k, v, key_mask, extra=extra, dropout_rate=dropout_rate,
+             dropout_seed=dropout_seed)
   real = query_mask[:, None, :, None]
-  out = jnp.where(real, out[:, :, :length], jnp.zeros((), out.dtype))
+  out = jnp.where(real, out, jnp.zeros((), out.dtype))
 
   mass = None
   if long_range_mass and landmarks is not None:
-    only_landmarks = static._replace(window=None, dropout_rate=0.0)
-    mass = _landmark_weight(only_landmarks, q_h, extra_args, lse,
-                            landmarks[2], geometry)[:, :, :length]
-    mass = jnp.where(real[..., 0], mass, 0.0)
+    # Values 1 on the landmarks and 0 on the window keys: every output
+    # channel is the query's total weight on the landmarks.
+    q, k, k_bar = lax.stop_gradient((q, k, extra[0]))
+    weight = call(q, k, None if k is None else jnp.zeros_like(k), key_mask,
+                  extra=(k_bar, jnp.ones_like(k_bar), extra[2]))
+    mass = jnp.where(real[..., 0], weight[..., 0].astype(jnp.float32), 0.0)
   return heads_major(out), mass
-
-
-def _landmark_weight(static, q_h, extra_args, lse, flags, geometry):
-  """Each query's weight on the landmarks: exp(lse over them - lse).
-
-  One forward pass of the kernel over the landmarks alone gives the first
-  log-sum-exp; a query that sees no landmark gets 0.
-  """
-  q_h, extra_args, lse = lax.stop_gradient((q_h, extra_args, lse))
-  _, lse_landmarks = flash._forward(static, None, q_h, None, extra_args)  # pylint: disable=protected-access
-  weight = jnp.exp(lse_landmarks - lse)[..., 0]
-  batch, _, n, _ = q_h.shape
-  if geometry.causal:
-    # Chunk c sees a landmark iff an earlier chunk holds a real token.
-    r = geometry.num_landmarks
-    chunk_real = flags.reshape(batch, -1, r)[..., 0].astype(jnp.int32)
-    earlier = (jnp.cumsum(chunk_real, 1) - chunk_real) > 0
-    seen = jnp.repeat(earlier, geometry.chunk_size, axis=1)
-    seen = jnp.pad(seen, ((0, 0), (0, n - seen.shape[1])))
-  else:
-    seen = jnp.broadcast_to(jnp.any(flags, 1, keepdims=True), (batch, n))
-  return jnp.where(seen[:, None, :], weight, 0.0)
