@@ -32,6 +32,7 @@ import optax
 from lra_msmra import models
 from lra_msmra import optim
 from lra_msmra import sharding
+from lra_msmra.kernels import mesh as mesh_lib
 
 
 @flax.struct.dataclass
@@ -194,13 +195,17 @@ def jit_steps(config: ml_collections.ConfigDict, model: nn.Module,
   replicated metrics; the state keeps `state_sharding`.
   """
   batch_sharding = sharding.batch_sharding(mesh)
+  # Traced inside the mesh: fused attention kernels then run once per batch
+  # shard (`lra_msmra.kernels.mesh`) instead of on the gathered batch.
   jit_train_step = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                        grad_accum_steps=config.grad_accum_steps),
+      mesh_lib.under_mesh(functools.partial(
+          train_step, model=model, tx=tx, schedule=schedule,
+          grad_accum_steps=config.grad_accum_steps), mesh),
       in_shardings=(state_sharding, batch_sharding),
       out_shardings=(state_sharding, sharding.replicated(mesh)),
       donate_argnums=0)
-  jit_eval_step = jax.jit(functools.partial(eval_step, model=model),
+  jit_eval_step = jax.jit(mesh_lib.under_mesh(
+      functools.partial(eval_step, model=model), mesh),
                           in_shardings=(state_sharding.params, batch_sharding),
                           out_shardings=sharding.replicated(mesh))
   return jit_train_step, jit_eval_step

@@ -66,6 +66,8 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 import jax.numpy as jnp
 
+from lra_msmra.kernels import mesh as mesh_lib
+
 Array = jax.Array
 
 # Score of a masked entry: finite, so that no tile computes inf - inf; the
@@ -272,12 +274,15 @@ def _parts(static: _Static, refs: list, nk: int, nm: int) -> list:
 
 
 def _stream(static: _Static, seed_ref) -> Optional[tuple[Array, ...]]:
-  """(seed, batch, head) of this program for the keep mask, or None
-  without dropout. Read at the kernel's top level: Pallas' interpreter has
-  no program ids inside loops."""
+  """(seed, global batch row, head) of this program for the keep mask, or
+  None without dropout. The seed operand is `[[seed, first batch row]]`
+  (the row offset of this batch shard, `mesh.batch_parallel`). Read at the
+  kernel's top level: Pallas' interpreter has no program ids inside
+  loops."""
   if not static.dropout_rate:
     return None
-  return seed_ref[...], pl.program_id(0), pl.program_id(1)
+  return (seed_ref[:, pl.ds(0, 1)], seed_ref[:, pl.ds(1, 1)]
+          + pl.program_id(0), pl.program_id(1))
 
 
 def _dropper(static: _Static, stream, part: int, i: Array, j: Array):
@@ -457,10 +462,11 @@ def _sizes(q, window_args, extra_args):
 
 
 def _seed_args(static: _Static, seed):
-  """The dropout seed as a `[1, 1]` operand, or nothing."""
+  """The dropout seed and first batch row as a `[1, 2]` operand, or
+  nothing."""
   if not static.dropout_rate:
     return [], []
-  return [seed], [pl.BlockSpec((1, 1), lambda b, h, x: (0, 0))]
+  return [seed], [pl.BlockSpec((1, 2), lambda b, h, x: (0, 0))]
 
 
 def _forward(static: _Static, seed, q, window_args, extra_args):
@@ -625,6 +631,10 @@ def flash_attention(q: Array, k: Optional[Array] = None,
   Returns:
     `[batch, heads, nq, dv]` in `q`'s dtype; zero for a query without a
     valid key. Differentiable in q, k, v and the extra keys and values.
+
+  Traced inside a mesh with a `data` axis (`mesh.under_mesh`), the kernels
+  run once per batch shard (`mesh.batch_parallel`); the dropout masks are
+  those of the unsplit batch.
   """
   if window is None and extra is None:
     raise ValueError('flash_attention needs a window, extra keys or both.')
@@ -653,11 +663,18 @@ def flash_attention(q: Array, k: Optional[Array] = None,
       raise ValueError('dropout_rate > 0 needs a dropout_seed (an int32 '
                        'scalar drawn from the dropout RNG).')
     seed = lax.bitcast_convert_type(
-        jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32).reshape(1, 1)
+        jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32)
   nq = q.shape[2]
   static = _Static(window, extra_rule if extra is not None else None, t,
                    heads=q.shape[1], dropout_rate=float(dropout_rate))
-  out = _flash(static, seed, _pad(q, 2, t), window_args, extra_args)
+
+  def local(first_row, q, window_args, extra_args, seed):
+    operand = None
+    if seed is not None:
+      operand = jnp.stack([seed, first_row]).reshape(1, 2)
+    return _flash(static, operand, q, window_args, extra_args)
+  out = mesh_lib.batch_parallel(local, (_pad(q, 2, t), window_args,
+                                        extra_args), (seed,))
   return out[:, :, :nq]
 
 

@@ -1,0 +1,51 @@
+"""Fused kernels under data parallelism: one kernel call per batch shard.
+
+Traced inside a mesh of 8 (fake CPU) devices with the batch split over
+them, the flash kernels run under `shard_map` on each device's rows, give
+the unsplit batch's outputs, and draw the unsplit batch's dropout masks.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lra_msmra import sharding
+from lra_msmra.kernels import flash
+from lra_msmra.kernels import mesh as mesh_lib
+
+pytestmark = pytest.mark.xdist_group('kernels-mesh')
+
+
+def _attend(q, k, v, valid, seed):
+  return flash.flash_attention(q, k, v, valid,
+                               window=flash.Window('segment', size=8),
+                               dropout_rate=0.2, dropout_seed=seed)
+
+
+def test_shards_run_their_rows_with_the_unsplit_batch_masks():
+  mesh = sharding.create_mesh(jax.devices()[:8])
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  q, k, v = (jax.random.normal(s, (8, 2, 32, 8)) for s in keys)
+  valid = jnp.asarray(np.arange(32)[None, :] < np.arange(8)[:, None] * 4 + 4)
+  seed = jnp.int32(11)
+  whole = jax.jit(_attend)(q, k, v, valid, seed)
+  rows = sharding.batch_sharding(mesh)
+  split = jax.jit(mesh_lib.under_mesh(_attend, mesh),
+                  in_shardings=(rows, rows, rows, rows,
+                                sharding.replicated(mesh)),
+                  out_shardings=rows)
+  np.testing.assert_allclose(split(q, k, v, valid, seed), whole, rtol=1e-6,
+                             atol=1e-6)
+  # The kernels see one device's rows.
+  with mesh_lib.mesh_context(mesh):
+    jaxpr = str(jax.make_jaxpr(_attend)(q, k, v, valid, seed))
+  assert 'shard_map' in jaxpr
+  assert 'f32[1,2,32,8]' in jaxpr
+
+
+def test_outside_a_mesh_it_is_a_plain_call():
+  q = jnp.ones((2, 1, 16, 8))
+  jaxpr = str(jax.make_jaxpr(_attend)(q, q, q, jnp.ones((2, 16), bool),
+                                      jnp.int32(0)))
+  assert 'shard_map' not in jaxpr
