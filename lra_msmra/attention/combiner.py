@@ -39,12 +39,12 @@ Without a dropout mask, fixed runs one head at a time under
 only, forward and backward; with dropout all heads run at once, so the
 masks are drawn as `base.attention_dropout` draws them.
 
-`implementation='pallas'` computes the fixed and axial variants (every
-plan, LM and MLM, every abstraction) with fused Pallas flash kernels
-(`lra_msmra.kernels.combiner`): the same parameters and function, no
-per-query logits outside a kernel tile; its dropout masks are the kernels'
-hash, not `jax.random` bits. Logsparse and mixture are refused at
-construction. `effective_attention` always runs the code here.
+`implementation='pallas'` computes the fixed, axial (every plan) and
+mixture variants, LM and MLM, every abstraction, with fused Pallas flash
+kernels (`lra_msmra.kernels.combiner`): the same parameters and function,
+no per-query logits outside a kernel tile; its dropout masks are the
+kernels' hash, not `jax.random` bits. Logsparse is refused at construction.
+`effective_attention` always runs the code here.
 
 `CombinerAttention.effective_attention` returns the dense effective
 attention E (`[B, H, N, N]`, y_i = sum_j E(i, j) v_j before the output
@@ -558,8 +558,8 @@ class CombinerAttention(base.Attention):
     abstraction: 'max' (None, the paper), 'mean', 'deepset-max' or
       'deepset-mean'; not used by the rowmajor plan, whose abstraction is the
       code's learned projection.
-    implementation: 'xla' (the code here) or 'pallas' (fixed and axial:
-      `lra_msmra.kernels.combiner`).
+    implementation: 'xla' (the code here) or 'pallas' (fixed, axial and
+      mixture: `lra_msmra.kernels.combiner`).
   """
   variant: str = 'fixed'
   block_size: Optional[int] = None
@@ -757,7 +757,7 @@ class CombinerAttention(base.Attention):
 
   def _fused(self, x: Array, q: Array, k: Array, v: Array, pq: Array,
              pk: Array, real: Array, deterministic: bool, pool: str) -> Array:
-    """Fixed and axial with Pallas kernels (`implementation='pallas'`).
+    """Fixed, axial and mixture with Pallas kernels (`'pallas'`).
 
     Args:
       x: the zeroed inputs `[batch, length, features]` (rowmajor's keys).
@@ -786,6 +786,8 @@ class CombinerAttention(base.Attention):
     if self._plan() == 'rowmajor':
       summary_key = self._row_summary_key(_to_grid(x, offset, width),
                                           q.shape[-1])
-    return fused.axial(q, k, v, pq, pk, real, plan=self._plan(),
-                       row_length=width, offset=offset, causal=self.causal,
-                       pool=pool, summary_key=summary_key, **drop)
+    return fused.axial(q, k, v, pq, pk, real,
+                       plan=self._plan() or self.variant, row_length=width,
+                       offset=offset, causal=self.causal, pool=pool,
+                       summary_key=summary_key,
+                       mixture_mode=self.mixture_mode or 'average', **drop)

@@ -17,7 +17,8 @@ Covered (`check` refuses the rest at construction):
   needed. The summaries themselves (masked pooling of each block, and its
   local expectation: one pooled query against the block's keys) cost O(N d)
   and are fused multiply-reduce loops in XLA, not batched tiny matmuls.
-* `variant='axial'`, every plan, causal or not. The query (r, c) of the
+* `variant='axial'`, every plan, and `'mixture'`, either mode, causal or
+  not. The query (r, c) of the
   n x m grid sees keys in its own row and in its own column (and span
   summaries stored in its row or column), under one softmax. No single
   order of the sequence puts both a row and a column in one window, so the
@@ -31,7 +32,10 @@ Covered (`check` refuses the rest at construction):
   above / below) and horizontal (row left / right) spans are themselves
   attentions with strict prefix or suffix masks (`GroupRule` 'lt' / 'gt'),
   one flash call each; rowmajor's row summaries are a flash call over full
-  rows, its learned summary key stays in the mechanism (Flax).
+  rows, its learned summary key stays in the mechanism (Flax). Mixture's
+  'joint_softmax' is one joint softmax over both plans' summaries (the
+  vertical ones stored in rows, the horizontal ones in columns); 'average'
+  is the mean of two.
 
 Everything else (projections, DeepSets maps, the grid and its padding,
 pooling) is the mechanism's own code, so variables and the function are
@@ -75,7 +79,7 @@ from lra_msmra.kernels import flash
 
 Array = jax.Array
 
-VARIANTS = ('fixed', 'axial')
+VARIANTS = ('fixed', 'axial', 'mixture')
 # Queries and keys per kernel tile (at most; `flash.tile_size`).
 BLOCK = flash.DEFAULT_BLOCK
 
@@ -594,22 +598,25 @@ def _spans(g: _Grid, axis: int, reverse: bool, pool: str, t: int,
 def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
           plan: str, row_length: int, offset: int, causal: bool, pool: str,
           summary_key: Optional[Callable[[Array], Array]] = None,
-          dropout_rate: float = 0.0, dropout_seed: Optional[Array] = None,
+          mixture_mode: Optional[str] = None, dropout_rate: float = 0.0,
+          dropout_seed: Optional[Array] = None,
           block: Optional[int] = None) -> Array:
-  """Combiner-Axial (docs/mechanisms/combiner.md §2.2).
+  """Combiner-Axial and -Mixture (docs/mechanisms/combiner.md §2.2).
 
   Args:
     q: scaled queries `[batch, length, heads, d]`.
     k, v: keys and values `[batch, length, heads, d]`.
     pq, pk: the pooled forms of queries and keys (q and k, or DeepSets).
     real: bool `[batch, length]`, True = real token.
-    plan: 'vertical', 'horizontal' or 'rowmajor'.
+    plan: 'vertical', 'horizontal', 'rowmajor' or 'mixture' (of the
+      vertical and horizontal plans).
     row_length: m.
     offset: leading grid cells before the sequence (prefix tokens).
     causal: LM form.
     pool: 'max' or 'mean' (not used by rowmajor).
     summary_key: rowmajor only: row outputs on the grid `[B, n, m, H, dv]`
       -> their learned abstraction keys `[B, n, m, H, d]`.
+    mixture_mode: mixture only: 'average' or 'joint_softmax'.
     dropout_rate: attention dropout (0: none).
     dropout_seed: uint32 or int32 scalar, with dropout.
     block: the kernels' tile (at most); None: `BLOCK`.
@@ -634,27 +641,34 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
                   GroupRule(n, 1, 'lt' if causal else 'ne'))
   queries = {'rows': _rows(g.q), 'cols': _cols(g.q)}
 
-  if plan == 'vertical':
+  joint = lambda keys: _joint({layout: queries[layout] for layout in keys},
+                              keys, n, m, t, dropout_rate, seeds)
+
+  def vertical():
     # Query (r, c) reaches column c' != c above (below) its row through the
     # summary stored at (r, c'): the kinds side by side in each row.
     parts = [spans(axis=2, reverse=False)]
     if not causal:
       parts.append(spans(axis=2, reverse=True))
-    summaries = Keys(_stack_rows([p[0] for p in parts]),
-                     _stack_rows([p[1] for p in parts]),
-                     _flag_rows(jnp.stack([p[2] for p in parts], 2)),
-                     GroupRule(m, len(parts), 'ne'), direct=False)
-    keys = {'rows': [row_keys, summaries], 'cols': [col_keys]}
-  elif plan == 'horizontal':
+    return Keys(_stack_rows([p[0] for p in parts]),
+                _stack_rows([p[1] for p in parts]),
+                _flag_rows(jnp.stack([p[2] for p in parts], 2)),
+                GroupRule(m, len(parts), 'ne'), direct=False)
+
+  def horizontal():
     # Query (r, c) reaches row r' != r (LM: r' < r) left (right) of its
     # column through the summary stored at (r', c).
     parts = [spans(axis=3, reverse=False), spans(axis=3, reverse=True)]
-    summaries = Keys(_stack_cols([p[0] for p in parts]),
-                     _stack_cols([p[1] for p in parts]),
-                     _flag_rows(jnp.stack([jnp.swapaxes(p[2], 1, 2)
-                                           for p in parts], 2)),
-                     GroupRule(n, 2, 'lt' if causal else 'ne'), direct=False)
-    keys = {'rows': [row_keys], 'cols': [col_keys, summaries]}
+    return Keys(_stack_cols([p[0] for p in parts]),
+                _stack_cols([p[1] for p in parts]),
+                _flag_rows(jnp.stack([jnp.swapaxes(p[2], 1, 2)
+                                      for p in parts], 2)),
+                GroupRule(n, 2, 'lt' if causal else 'ne'), direct=False)
+
+  if plan == 'vertical':
+    out = joint({'rows': [row_keys, vertical()], 'cols': [col_keys]})
+  elif plan == 'horizontal':
+    out = joint({'rows': [row_keys], 'cols': [col_keys, horizontal()]})
   elif plan == 'rowmajor':
     # Full attention inside each row (its local expectation for every
     # column), then the learned abstraction keys (Flax, in the mechanism).
@@ -666,10 +680,15 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
     has = jnp.broadcast_to(jnp.any(g.real, axis=2)[:, :, None], g.real.shape)
     summaries = Keys(_cols(key), _cols(row_out), _flag_cols(has),
                      GroupRule(n, 1, 'lt' if causal else 'ne'), direct=False)
-    keys = {'rows': [row_keys], 'cols': [summaries]}
+    out = joint({'rows': [row_keys], 'cols': [summaries]})
+  elif plan == 'mixture':
+    v_spans, h_spans = vertical(), horizontal()
+    if mixture_mode == 'joint_softmax':
+      out = joint({'rows': [row_keys, v_spans], 'cols': [col_keys, h_spans]})
+    else:  # 'average': each plan normalised on its own.
+      out = 0.5 * (joint({'rows': [row_keys, v_spans], 'cols': [col_keys]})
+                   + joint({'rows': [row_keys], 'cols': [col_keys, h_spans]}))
   else:
     raise ValueError(f'Unknown axial plan {plan!r}.')
-  out = _joint({layout: queries[layout] for layout in keys}, keys, n, m, t,
-               dropout_rate, seeds)
   out = jnp.transpose(out.reshape(*g.q.shape[:4], -1), (0, 2, 3, 1, 4))
   return xla._from_grid(out, offset, real.shape[1])

@@ -32,18 +32,25 @@ FEATURES, HEADS, QKV = 16, 2, 16
 LENGTH = 40
 BLOCK = 16  # Several query and key tiles at LENGTH.
 
-# (id, knobs): the LRA configs' settings (fixed at the default block size;
-# axial vertical, with a CLS prefix as on Image) and the other plans and
-# abstractions.
+# (id, knobs, causal): the LRA configs' settings (fixed at the default
+# block size; axial vertical, with a CLS prefix as on Image) in both forms,
+# and every other plan, mode and abstraction in one of them.
 CASES = [
-    ('fixed', dict(variant='fixed')),
-    ('fixed-s3-deepset-mean', dict(variant='fixed', block_size=3,
-                                   abstraction='deepset-mean')),
-    ('vertical-prefix', dict(variant='axial', axial_plan='vertical',
-                             num_prefix_tokens=1)),
-    ('horizontal-mean', dict(variant='axial', axial_plan='horizontal',
-                             row_length=6, abstraction='mean')),
-    ('rowmajor', dict(variant='axial', axial_plan='rowmajor')),
+    ('fixed-mlm', dict(variant='fixed'), False),
+    ('fixed-s3-deepset-mean-lm', dict(variant='fixed', block_size=3,
+                                      abstraction='deepset-mean'), True),
+    ('vertical-prefix-mlm', dict(variant='axial', axial_plan='vertical',
+                                 num_prefix_tokens=1), False),
+    ('vertical-prefix-lm', dict(variant='axial', axial_plan='vertical',
+                                num_prefix_tokens=1), True),
+    ('horizontal-deepset-max-lm', dict(
+        variant='axial', axial_plan='horizontal', row_length=6,
+        abstraction='deepset-max'), True),
+    ('rowmajor-mlm', dict(variant='axial', axial_plan='rowmajor'), False),
+    # 'average' is the mean of a vertical and a horizontal joint softmax.
+    ('mixture-joint-m3-mean-mlm', dict(
+        variant='mixture', mixture_mode='joint_softmax', row_length=3,
+        abstraction='mean'), False),
 ]
 
 
@@ -98,8 +105,7 @@ def _setup(kw, causal):
   return _random_biases(params), x, mask, cot
 
 
-@pytest.mark.parametrize('causal', [False, True], ids=['mlm', 'lm'])
-@pytest.mark.parametrize('cid,kw', CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize('cid,kw,causal', CASES, ids=[c[0] for c in CASES])
 def test_layer_equals_xla_with_gradients(cid, kw, causal):
   del cid
   params, x, mask, cot = _setup(kw, causal)
@@ -114,9 +120,8 @@ def test_layer_equals_xla_with_gradients(cid, kw, causal):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize('cid,kw,causal', [
-    ('fixed', CASES[0][1], False), ('vertical-prefix', CASES[2][1], True)],
-    ids=['fixed-mlm', 'vertical-lm'])
+@pytest.mark.parametrize('cid,kw,causal', [CASES[0], CASES[3]],
+                         ids=[CASES[0][0], CASES[3][0]])
 def test_bfloat16_tracks_float32(cid, kw, causal):
   del cid
   params, x, mask, cot = _setup(kw, causal)
@@ -136,6 +141,21 @@ def test_bfloat16_tracks_float32(cid, kw, causal):
     assert got.dtype == want.dtype
     err = float(jnp.abs(got - want).max())
     assert err < 0.05 * float(jnp.abs(want).max()) + 0.01 * top, err
+
+
+def test_mixture_average_is_the_mean_of_the_two_plans():
+  ks = jax.random.split(jax.random.PRNGKey(6), 3)
+  q, k, v = (jax.random.normal(s, (2, 30, HEADS, 8)) for s in ks)
+  real = _padding_mask(30)[1:3]
+
+  def run(plan, **kw):
+    return fused.axial(q, k, v, q, k, real, plan=plan, row_length=5,
+                       offset=2, causal=False, pool='max', **kw)
+  mixture, vertical, horizontal = jax.jit(lambda: (
+      run('mixture', mixture_mode='average'), run('vertical'),
+      run('horizontal')))()
+  np.testing.assert_allclose(mixture, 0.5 * (vertical + horizontal),
+                             rtol=1e-6, atol=1e-6)
 
 
 # -- dropout -----------------------------------------------------------------
@@ -298,7 +318,7 @@ def test_joint_with_dropout_equals_dense_formula_with_gradients():
 
 
 def test_layer_dropout_runs_and_repeats():
-  kw = dict(variant='axial', axial_plan='vertical')
+  kw = dict(variant='fixed', block_size=5)
   layer = combiner.CombinerAttention(num_heads=HEADS, qkv_features=QKV,
                                      dropout_rate=0.2,
                                      implementation='pallas', **kw)
@@ -340,15 +360,15 @@ def test_group_rule_ranges_cover_its_mask(queries, kinds, relation):
   rel = {'all': cj == cj, 'le': cj <= ci, 'lt': cj < ci, 'gt': cj > ci,
          'ne': cj != ci}[relation]
   np.testing.assert_array_equal(dense, (gi == gj) & rel)
-  t = 4
-  for start in range(0, nq, t):
-    lo, hi = rule.key_range(jnp.int32(start), jnp.int32(start + t - 1), nk)
-    seen = np.nonzero(dense[start:start + t].any(0))[0]
-    assert seen.size == 0 or (int(lo) <= seen.min() and seen.max() < int(hi))
-  for start in range(0, nk, t):
-    lo, hi = rule.query_range(jnp.int32(start), jnp.int32(start + t - 1), nq)
-    seen = np.nonzero(dense[:, start:start + t].any(1))[0]
-    assert seen.size == 0 or (int(lo) <= seen.min() and seen.max() < int(hi))
+  t = 4  # Tiles of 4 queries (keys): every tile's range at once.
+  for ranges, n, seen in ((rule.key_range, nk, dense),
+                          (rule.query_range, nq, dense.T)):
+    starts = np.arange(0, seen.shape[0], t)
+    lo, hi = map(np.asarray, ranges(jnp.asarray(starts),
+                                    jnp.asarray(starts + t - 1), n))
+    for start, a, b in zip(starts, lo, hi):
+      hits = np.nonzero(seen[start:start + t].any(0))[0]
+      assert hits.size == 0 or (a <= hits.min() and hits.max() < b)
   valid = np.random.RandomState(1).rand(2, 4 * queries * kinds) > 0.6
   for keys in (4 * queries * kinds, 4 * queries * kinds - 2):
     got = rule.any_key(jnp.asarray(valid[:, :keys]), nq)
@@ -356,10 +376,10 @@ def test_group_rule_ranges_cover_its_mask(queries, kinds, relation):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize('variant', ['logsparse', 'mixture'])
-def test_uncovered_variants_are_refused_at_construction(variant):
-  with pytest.raises(ValueError, match="implementation='xla'"):
-    combiner.CombinerAttention(variant=variant, implementation='pallas')
+def test_logsparse_is_refused_at_construction():
+  with pytest.raises(ValueError, match="variant='logsparse': use "
+                     "implementation='xla'"):
+    combiner.CombinerAttention(variant='logsparse', implementation='pallas')
 
 
 @pytest.mark.parametrize('platform', ['cuda', 'tpu'])
