@@ -54,6 +54,7 @@ from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
 from lra_msmra.kernels import flash
+from lra_msmra.kernels import mesh as mesh_lib
 
 Array = jax.Array
 # flash's tile product and platform dispatch, shared by every kernel here.
@@ -508,7 +509,12 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
                    stacked=stacked, has_bias=stacked and bias is not None,
                    all_gate_gradients=all_gate_gradients,
                    chunk=_chunk_tiles(n_pad // t))
-  y = _routed(static, q_in, w, b, kv_in, z_in, choice_in, gate_in)
+  # One call per batch shard inside a mesh (`mesh.batch_parallel`); the
+  # maps are every shard's.
+  y = mesh_lib.batch_parallel(
+      lambda first_row, q, kv, z, choice, gate, w, b: _routed(
+          static, q, w, b, kv, z, choice, gate),
+      (q_in, kv_in, z_in, choice_in, gate_in), (w, b))
   return jnp.transpose(y[:, :, :n, :d], (0, 2, 1, 3))
 
 
