@@ -75,6 +75,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 import time
 import zlib
 from typing import Any, NamedTuple, Optional
@@ -95,6 +96,8 @@ SPLIT_PERCENTS = {'train': (0, 80), 'eval': (80, 90), 'test': (90, 100)}
 BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
 # Images per folder imgs/<k> in generated data.
 GENERATED_PER_FOLDER = 1000
+# Images per unit of work of the generator's worker processes.
+CHUNK = 50
 # Images per difficulty in the release (and by default in generated sets).
 RELEASE_EXAMPLES = 200_000
 
@@ -342,22 +345,22 @@ def _metadata_line(batch: int, i: int, label: int, margin: int,
       s.paddle_thickness, margin, len(s.paddle_contrasts)))
 
 
-def _write_folder(task: tuple[str, pathfinder_generator.Settings, str, int,
-                              int, int, int]
-                  ) -> tuple[int, list[str], float]:
-  """Writes the PNGs of one `imgs/<batch>` folder; returns (batch, its
-  metadata lines, seconds). Runs in worker processes."""
-  folder, s, difficulty, seed, batch, start, count = task
-  began = time.perf_counter()
+def _write_chunk(task: tuple[str, pathfinder_generator.Settings, str, int,
+                             int, int, int, int]
+                 ) -> tuple[int, int, list[str]]:
+  """Writes images `first` .. `first + count - 1` of folder `imgs/<batch>`
+  (set indices from `start`); returns (batch, first, their metadata
+  lines). Runs in worker processes."""
+  folder, s, difficulty, seed, batch, first, start, count = task
   img_dir = os.path.join(folder, 'imgs', str(batch))
   os.makedirs(img_dir, exist_ok=True)
   lines = []
-  for i in range(count):
+  for i in range(first, first + count):
     pixels, label, margin = pathfinder_generator.generate_image(
         s, seed, difficulty, start + i)
     write_png(os.path.join(img_dir, f'sample_{i}.png'), pixels)
     lines.append(_metadata_line(batch, i, label, margin, s))
-  return batch, lines, time.perf_counter() - began
+  return batch, first, lines
 
 
 def generate_dataset(root: str, *, resolution: int, difficulty: str,
@@ -438,37 +441,48 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
   with open(progress, 'w') as f:
     json.dump(spec, f, indent=1)
   n, per = spec['num_examples'], spec['per_folder']
-  tasks = [(folder, s, spec['difficulty'], spec['seed'], k, k * per,
-            min(per, n - k * per)) for k in range(-(-n // per))
-           if not os.path.exists(os.path.join(meta_dir, f'{k}.npy'))]
+  # Work in chunks of at most CHUNK images, so that few folders still
+  # keep every worker busy; a folder's metadata follows its last chunk.
+  todo = {k: min(per, n - k * per) for k in range(-(-n // per))
+          if not os.path.exists(os.path.join(meta_dir, f'{k}.npy'))}
+  tasks = [(folder, s, spec['difficulty'], spec['seed'], k, first, k * per,
+            min(CHUNK, count - first))
+           for k, count in todo.items() for first in range(0, count, CHUNK)]
   began, load_start = time.time(), os.getloadavg()
-  to_write = sum(t[-1] for t in tasks)
+  to_write = sum(todo.values())
   labels, margins, done = [0, 0], {}, n - to_write
+  pending: dict[int, dict[int, list[str]]] = {}
 
-  def finish(batch: int, lines: list[str]) -> None:
+  def finish(batch: int, first: int, lines: list[str]) -> None:
     nonlocal done
+    chunks = pending.setdefault(batch, {})
+    chunks[first] = lines
+    done += len(lines)
+    if sum(len(c) for c in chunks.values()) < todo[batch]:
+      return
     path = os.path.join(meta_dir, f'{batch}.npy')
     with open(path + '.tmp', 'w') as f:
-      f.write(''.join(line + '\n' for line in lines))
+      f.write(''.join(line + '\n' for _, c in sorted(chunks.items())
+                      for line in c))
     os.replace(path + '.tmp', path)
-    done += len(lines)
+    del pending[batch]
     if log is not None and (batch % 20 == 0 or done == n):
       rate = done / max(time.time() - began, 1e-9)
       log(f'  {folder}: {done}/{n} images ({rate:.0f}/s)')
 
-  if workers == 1 or len(tasks) <= 1:
+  used = min(workers, max(len(tasks), 1))
+  if used == 1:
     for task in tasks:
-      batch, lines, _ = _write_folder(task)
-      finish(batch, lines)
+      finish(*_write_chunk(task))
   else:
-    # Forked workers need no importable __main__; the parent holds no
-    # threads here (TensorFlow is imported only to read PNGs).
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context(
-        'fork' if 'fork' in methods else 'spawn')
-    with context.Pool(workers) as pool:
-      for batch, lines, _ in pool.imap_unordered(_write_folder, tasks):
-        finish(batch, lines)
+    # Forked workers need no importable __main__ (the command line imports
+    # neither JAX nor TensorFlow, whose threads make forking unsafe).
+    threads = any(m in sys.modules for m in ('jax', 'tensorflow'))
+    fork = 'fork' in multiprocessing.get_all_start_methods() and not threads
+    context = multiprocessing.get_context('fork' if fork else 'spawn')
+    with context.Pool(used) as pool:
+      for result in pool.imap_unordered(_write_chunk, tasks):
+        finish(*result)
   seconds = time.time() - began
   for path in glob.glob(os.path.join(meta_dir, '*.npy')):
     with open(path) as f:
@@ -477,14 +491,13 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
         labels[int(fields[3])] += 1
         margins[fields[9]] = margins.get(fields[9], 0) + 1
   os.remove(progress)
-  used = min(workers, max(len(tasks), 1))
   return {
       'generation_seconds': round(seconds, 1),
       'images_written': to_write,
       # Wall time per image times the processes that wrote them.
       'seconds_per_image_per_worker': (
           round(seconds * used / to_write, 5) if to_write else None),
-      'workers': workers, 'cpu_count': os.cpu_count(),
+      'workers': used, 'cpu_count': os.cpu_count(),
       'load_average_start': [round(v, 2) for v in load_start],
       'load_average_end': [round(v, 2) for v in os.getloadavg()],
       'labels': {'0': labels[0], '1': labels[1]},

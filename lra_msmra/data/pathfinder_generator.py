@@ -555,10 +555,13 @@ def _place(canvas: np.ndarray, patch: np.ndarray, y: int, x: int, half: int,
            op: Any) -> None:
   """canvas = op(canvas, patch centered at (y, x)), clipped to the canvas."""
   h, w = canvas.shape
-  y0, x0 = y - half, x - half
+  y0, x0, n = y - half, x - half, patch.shape[0]
+  if y0 >= 0 and x0 >= 0 and y0 + n <= h and x0 + n <= w:
+    region = canvas[y0:y0 + n, x0:x0 + n]
+    op(region, patch, out=region)
+    return
   ya, xa = max(y0, 0), max(x0, 0)
-  yb = min(y0 + patch.shape[0], h)
-  xb = min(x0 + patch.shape[1], w)
+  yb, xb = min(y0 + n, h), min(x0 + n, w)
   if ya < yb and xa < xb:
     region = canvas[ya:yb, xa:xb]
     op(region, patch[ya - y0:yb - y0, xa - x0:xb - x0], out=region)
@@ -568,10 +571,11 @@ def _overlap(canvas: np.ndarray, patch: np.ndarray, y: int, x: int,
              half: int) -> float:
   """max(canvas + patch) over the patch's footprint (0 if none)."""
   h, w = canvas.shape
-  y0, x0 = y - half, x - half
+  y0, x0, n = y - half, x - half, patch.shape[0]
+  if y0 >= 0 and x0 >= 0 and y0 + n <= h and x0 + n <= w:
+    return float((canvas[y0:y0 + n, x0:x0 + n] + patch).max())
   ya, xa = max(y0, 0), max(x0, 0)
-  yb = min(y0 + patch.shape[0], h)
-  xb = min(x0 + patch.shape[1], w)
+  yb, xb = min(y0 + n, h), min(x0 + n, w)
   if ya >= yb or xa >= xb:
     return 0.0
   return float((canvas[ya:yb, xa:xb] +
@@ -582,19 +586,21 @@ def _overlap(canvas: np.ndarray, patch: np.ndarray, y: int, x: int,
 
 
 class _Canvas:
-  """The image being drawn, its occupancy mask (float64 holding the
-  official float32 values) and the mask dilated by the margin, which the
-  next-paddle draw reads; the dilated mask is padded so that the candidates
-  around any growth point can be read without bounds checks."""
+  """An image being drawn: its occupancy mask (float64 holding the official
+  float32 values), the mask dilated by the margin, which the next-paddle
+  draw reads (padded, so that the candidates around any growth point can be
+  read without bounds checks), and the paddles drawn so far, painted only
+  once the image is complete (painting takes the maximum, so the order
+  does not matter, and most snakes are abandoned)."""
 
-  def __init__(self, image: np.ndarray, mask: np.ndarray,
-               dilated: np.ndarray):
-    self.image, self.mask, self.dilated = image, mask, dilated
+  def __init__(self, mask: np.ndarray, dilated: np.ndarray,
+               paddles: list[tuple[np.ndarray, int, int]]):
+    self.mask, self.dilated, self.paddles = mask, dilated, paddles
     self.pad = (dilated.shape[0] - mask.shape[0]) // 2
     self.flat = dilated.reshape(-1)
 
   def copy(self) -> '_Canvas':
-    return _Canvas(self.image.copy(), self.mask.copy(), self.dilated.copy())
+    return _Canvas(self.mask.copy(), self.dilated.copy(), list(self.paddles))
 
   def occupy(self, paddle: _PaddleImage, y: int, x: int, g: '_Geometry'
              ) -> None:
@@ -728,7 +734,7 @@ class _Generator:
              theta: float, contrast: float) -> _Snake:
     """Draws a seed paddle; its mask joins the canvas mask one step
     later."""
-    _place(canvas.image, g.line(theta, contrast), y, x, g.half, np.maximum)
+    canvas.paddles.append((g.line(theta, contrast), y, x))
     head = _translate(y, x, theta, self.s.paddle_length)
     pivot = _translate(*head, _flip(theta), g.reach)
     return _Snake(pivot=pivot, theta=theta, origin=(y, x), tip=(y, x),
@@ -771,7 +777,7 @@ class _Generator:
         break
     else:
       return False
-    _place(canvas.image, g.line(back, contrast), y, x, g.half, np.maximum)
+    canvas.paddles.append((g.line(back, contrast), y, x))
     canvas.occupy(*snake.last, g)
     snake.pivot, snake.theta = (py, px), float(g.circle_theta[i])
     snake.tip, snake.last = (y, x), (paddle, y, x)
@@ -788,8 +794,8 @@ class _Generator:
     first = self._seed(rng, g, None)
     if first is None:
       return None
-    canvas = _Canvas(np.zeros_like(self.empty), self.empty.copy(),
-                     self.empty_dilated[g.margin].copy())
+    canvas = _Canvas(self.empty.copy(), self.empty_dilated[g.margin].copy(),
+                     [])
     y1, x1, theta1 = first
     snakes = [self._start(g, canvas, y1, x1, theta1, contrast * mus[0])]
     contrast = s.paddle_contrasts[rng.below(len(s.paddle_contrasts))]
@@ -885,7 +891,10 @@ class _Generator:
     last = first if label else 1 - first
     markers = np.maximum(self._marker(*snakes[first].origin),
                          self._marker(*snakes[last].tip)) / 255.0
-    marked = np.maximum(canvas.image, markers)
+    image = np.zeros((s.resolution, s.resolution))
+    for line, y, x in canvas.paddles:
+      _place(image, line, y, x, g.half, np.maximum)
+    marked = np.maximum(image, markers)
     # SciPy's old imsave: the image's range scaled to 0..255.
     low, high = marked.min(), marked.max()
     scaled = (marked - low) * (255.0 / ((high - low) or 1.0))

@@ -108,28 +108,29 @@ def _tree(folder):
 
 
 def test_two_workers_write_the_same_files(tmp_path):
+  n = pathfinder.CHUNK + 3  # Two units of work.
   one = pathfinder.generate_dataset(
       str(tmp_path / 'one'), resolution=32, difficulty='easy',
-      num_examples=5, seed=0, per_folder=2)
+      num_examples=n, seed=0, per_folder=40)
   # Two worker processes, from the command line (forking this test process,
   # which holds JAX's threads, is not safe).
   subprocess.run(
       [sys.executable, '-m', 'lra_msmra.data.prepare',
        '--generate_pathfinder', '--out', str(tmp_path / 'two'),
-       '--pathfinder_sets', '32/easy', '--pathfinder_num_examples', '5',
+       '--pathfinder_sets', '32/easy', '--pathfinder_num_examples', str(n),
        '--workers', '2'], check=True, cwd=ROOT, capture_output=True)
   two = pathfinder.folder_path(str(tmp_path / 'two'), 32, 'easy')
   assert pathfinder.read_stamp(two)['details']['workers'] == 2
-  # per_folder differs (1000 from the command): compare the images.
+  # per_folder differs (1000 from the command): compare image by image.
   lines = metadata_lines(two)
-  assert len(lines) == 5
-  for n in range(5):
-    batch, i = divmod(n, 2)
+  assert len(lines) == n
+  for k in range(n):
+    batch, i = divmod(k, 40)
     np.testing.assert_array_equal(
         read_png(os.path.join(one, f'imgs/{batch}/sample_{i}.png')),
-        read_png(os.path.join(two, f'imgs/0/sample_{n}.png')))
+        read_png(os.path.join(two, f'imgs/0/sample_{k}.png')))
     assert (metadata_lines(one, batch)[i].split(' ')[3:] ==
-            lines[n].split(' ')[3:])
+            lines[k].split(' ')[3:])
 
 
 def test_an_interrupted_set_resumes_from_its_finished_folders(tmp_path):
