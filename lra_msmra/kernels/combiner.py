@@ -72,6 +72,7 @@ import jax.numpy as jnp
 
 from lra_msmra.attention import base
 from lra_msmra.kernels import flash
+from lra_msmra.kernels import mesh as mesh_lib
 
 # flash's kernels with other mask rules and merged softmaxes (see the module
 # docstring), and the mechanism's pooling and grid helpers.
@@ -221,7 +222,7 @@ class Seeds:
   """Independent dropout seeds for the flash calls of one layer call.
 
   Call c gets the layer's seed plus c times the golden ratio (mod 2^32),
-  as the int32 `[1, 1]` operand flash's kernels take; `keep_mask` hashes the
+  bit-cast to int32 as flash's kernels take it; `keep_mask` hashes the
   seed, so the calls' masks are unrelated.
   """
 
@@ -235,7 +236,7 @@ class Seeds:
     self.count += 1
     seed = jnp.asarray(self.seed).astype(jnp.uint32) + jnp.uint32(
         (0x9E3779B9 * self.count) % 2**32)
-    return lax.bitcast_convert_type(seed, jnp.int32).reshape(1, 1)
+    return lax.bitcast_convert_type(seed, jnp.int32)
 
 
 def _any_key(keys: Keys, queries: int) -> Array:
@@ -252,11 +253,31 @@ def _any_key(keys: Keys, queries: int) -> Array:
   return seen[:, :queries]
 
 
+def _width(d: int) -> int:
+  """A head dimension zero-padded to a power of two of at least 16, as
+  Triton's matrix products need (flash's public function does the same)."""
+  return flash.tile_size(d, 2**30)
+
+
+def _pad_rows(x: Array, t: int) -> Array:
+  """`[B, H, L, d]`: L to a multiple of the tile, d to `_width(d)`."""
+  return flash._pad(flash._pad(x, 2, t), 3, _width(x.shape[3]))
+
+
 def _pad_keys(keys: Optional[Keys], t: int):
   if keys is None:
     return None
-  return (flash._pad(keys.k, 2, t), flash._pad(keys.v, 2, t),
+  return (_pad_rows(keys.k, t), _pad_rows(keys.v, t),
           flash._flags(keys.valid, t))
+
+
+def _seed_operand(seed: Optional[Array], first_row: Array
+                  ) -> Optional[Array]:
+  """flash's `[1, 2]` dropout operand: the seed and the global index of the
+  first batch row of this call (`mesh.batch_parallel`)."""
+  if seed is None:
+    return None
+  return jnp.stack([seed, first_row]).reshape(1, 2)
 
 
 def _static(window: Optional[Keys], extra: Optional[Keys], t: int,
@@ -269,12 +290,16 @@ def _static(window: Optional[Keys], extra: Optional[Keys], t: int,
 
 def _flash_attend(q: Array, keys: Keys, t: int, dropout_rate: float = 0.0,
                   seed: Optional[Array] = None) -> Array:
-  """Softmax attention of `q` over `keys` (one layout), differentiable."""
-  nq = q.shape[2]
+  """Softmax attention of `q` over `keys` (one layout), differentiable;
+  once per batch shard inside a mesh (`mesh.batch_parallel`)."""
+  nq, dv = q.shape[2], keys.v.shape[3]
   static = _static(keys, None, t, q.shape[1], dropout_rate)
-  out = flash._flash(static, seed, flash._pad(q, 2, t), _pad_keys(keys, t),
-                     None)
-  return out[:, :, :nq]
+
+  def local(first_row, q, keys, seed):
+    return flash._flash(static, _seed_operand(seed, first_row), q, keys, None)
+  out = mesh_lib.batch_parallel(local, (_pad_rows(q, t), _pad_keys(keys, t)),
+                                (seed,))
+  return out[:, :, :nq, :dv]
 
 
 def _flash_forward(static, seed, q, window_args, extra_args):
@@ -313,6 +338,9 @@ def _cols_of_rows(x: Array, n: int, m: int) -> Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _joint_core(static: _JointStatic, args, seen):
+  """The merged output `[B, H, n*m, dv]` (dv padded as the values are) of
+  the passes `args`, each (seed operand, queries, window, extra keys) in
+  its layout, padded; `seen`: per pass, bool `[B, n*m]` row-major."""
   return _joint_fwd(static, args, seen)[0]
 
 
@@ -384,7 +412,7 @@ def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
     `[B, H, n*m, dv]` row-major, in the queries' dtype; zero for a query
     without a valid key.
   """
-  statics, args, seen = [], [], []
+  statics, args, seen, seeds_used = [], [], [], []
   for layout in ('rows', 'cols'):
     sets = keys.get(layout, [])
     if dropout_rate:  # Direct keys drop, summaries do not: separate calls.
@@ -398,16 +426,25 @@ def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
       window, extra = group[0], group[1] if len(group) > 1 else None
       q = queries[layout]
       statics.append((_static(window, extra, t, q.shape[1], rate), layout))
-      seed = seeds.next() if rate else None
-      args.append((seed, flash._pad(q, 2, t), _pad_keys(window, t),
+      seeds_used.append(seeds.next() if rate else None)
+      args.append((_pad_rows(q, t), _pad_keys(window, t),
                    _pad_keys(extra, t)))
       flags = functools.reduce(jnp.logical_or, [
           _any_key(s, n * m) for s in group])
       if layout == 'cols':
         flags = jnp.swapaxes(flags.reshape(-1, m, n), 1, 2).reshape(-1, n * m)
       seen.append(flags)
-  return _joint_core(_JointStatic(tuple(statics), n, m), tuple(args),
-                     tuple(seen))
+  static = _JointStatic(tuple(statics), n, m)
+
+  def local(first_row, args, seen, seeds):
+    args = tuple((_seed_operand(seed, first_row), *a)
+                 for seed, a in zip(seeds, args))
+    return _joint_core(static, args, seen)
+  # Once per batch shard inside a mesh (`mesh.batch_parallel`).
+  out = mesh_lib.batch_parallel(local, (tuple(args), tuple(seen)),
+                                (tuple(seeds_used),))
+  value_width = next(s.v.shape[3] for sets in keys.values() for s in sets)
+  return out[..., :value_width]
 
 
 # -- layouts -----------------------------------------------------------------

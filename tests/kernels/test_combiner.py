@@ -20,9 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_msmra import sharding
 from lra_msmra.attention import combiner
 from lra_msmra.kernels import combiner as fused
 from lra_msmra.kernels import flash
+from lra_msmra.kernels import mesh as mesh_lib
 
 # pylint: disable=protected-access
 
@@ -249,7 +251,7 @@ def _dense_joint(queries, keys, n, m, rate, seed):
                      & s.valid[:, None, None, :])
         values.append(s.v)
         keeps.append(
-            flash.keep_mask(pass_seed[0, 0], b, h, pos[None, None, :, None],
+            flash.keep_mask(pass_seed, b, h, pos[None, None, :, None],
                             j[None, None, None, :], part, HEADS, rate)
             if pass_seed is not None else None)
   s = jnp.concatenate(logits, -1)
@@ -339,6 +341,35 @@ def test_layer_dropout_runs_and_repeats():
   np.testing.assert_array_equal(y1, y2)
   assert float(jnp.abs(y1 - y3).max()) > 1e-3
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(g1))
+
+
+def test_batch_shards_give_the_unsplit_batch_with_its_dropout_masks():
+  """Inside a data mesh every kernel call runs on one device's rows
+  (`mesh.batch_parallel`), with the masks of the unsplit batch."""
+  mesh = sharding.create_mesh(jax.devices()[:4])
+  layer = combiner.CombinerAttention(
+      num_heads=HEADS, qkv_features=QKV, dropout_rate=0.2,
+      implementation='pallas', variant='axial', axial_plan='vertical')
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, 24, FEATURES))
+  mask = _padding_mask(24)
+  params = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)['params']
+
+  def run(params, x, mask, rng):
+    def loss(params):
+      y = layer.apply({'params': params}, x, padding_mask=mask,
+                      deterministic=False, rngs={'dropout': rng})
+      return jnp.sum(y ** 2), y
+    return jax.value_and_grad(loss, has_aux=True)(params)
+  rng = jax.random.PRNGKey(5)
+  want = jax.jit(run)(params, x, mask, rng)
+  rows, same = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+  got = jax.jit(mesh_lib.under_mesh(run, mesh),
+                in_shardings=(same, rows, rows, same))(params, x, mask, rng)
+  with mesh_lib.mesh_context(mesh):
+    assert 'shard_map' in str(jax.make_jaxpr(run)(params, x, mask, rng))
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    scale = float(np.abs(np.asarray(w)).max())
+    np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 + 5e-5 * scale)
 
 
 # -- the mask rule, knobs, lowering ------------------------------------------
