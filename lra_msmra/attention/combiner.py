@@ -66,6 +66,7 @@ import numpy as np
 
 from lra_msmra.attention import base
 from lra_msmra.kernels import combiner as fused
+from lra_msmra.kernels import flash
 
 Array = jax.Array
 
@@ -770,11 +771,7 @@ class CombinerAttention(base.Attention):
       `[batch, length, heads, head_dim]`, not zeroed at padded queries.
     """
     length = real.shape[1]
-    rate, seed = 0.0, None
-    if not deterministic and self.dropout_rate > 0.0:
-      rate = self.dropout_rate
-      seed = jax.random.bits(self.make_rng('dropout'), (), jnp.uint32)
-    drop = dict(dropout_rate=rate, dropout_seed=seed)
+    drop = flash.layer_dropout(self, deterministic)
     if self.variant == 'fixed':
       return fused.fixed(q, k, v, pq, pk, real,
                          block_size=self.block_size or default_block_size(

@@ -50,6 +50,9 @@ in-kernel hash (`flash.keep_mask`; Fixed's local expectations, computed in
 XLA, use the same function), one seed per call (`Seeds`), so they are not
 the 'xla' implementation's `jax.random` bits.
 
+Inside a data mesh every kernel call runs once per batch shard
+(`mesh.batch_parallel`), as flash's public function does.
+
 Layout costs: the grid is put heads-major once, and the column-major pass
 needs a transposed copy of q, k, v and, in its backward pass, of the
 output and its cotangent: O(N d) copies next to the kernels' O(N (n + m) d)
