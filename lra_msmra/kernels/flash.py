@@ -57,7 +57,7 @@ per-query statistics as columns `[N, 1]`, iotas are 2-D.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -194,6 +194,7 @@ class _Static(NamedTuple):
   block: int
   heads: int = 1
   dropout_rate: float = 0.0
+  extra_mass: bool = False
 
 
 # Part tags of the keep mask's hash: sequence keys and extra keys.
@@ -304,7 +305,8 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   seed_ref = refs.pop(0) if static.dropout_rate else None
   q_ref = refs.pop(0)
   parts = _parts(static, refs, nk, nm)
-  o_ref, lse_ref = refs
+  o_ref, lse_ref = refs[:2]
+  mass_ref = refs[2] if static.extra_mass else None
   stream = _stream(static, seed_ref)
   t = static.block
   i0 = pl.program_id(2) * t
@@ -313,10 +315,12 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   acc = jnp.zeros(q.shape, jnp.float32)
   m = jnp.full((t, 1), NEG, jnp.float32)
   l = jnp.zeros((t, 1), jnp.float32)
+  # The extra keys' part of `l` (the same running maximum), for the mass.
+  lx = jnp.zeros((t, 1), jnp.float32)
   for rule, n, tag, k_ref, v_ref, valid_ref in parts:
     def body(tile, carry, rule=rule, tag=tag, k_ref=k_ref, v_ref=v_ref,
              valid_ref=valid_ref):
-      acc, m, l = carry
+      acc, m, l, lx = carry
       j0 = pl.multiple_of(tile * t, t)
       k = k_ref[pl.ds(j0, t), :]
       v = v_ref[pl.ds(j0, t), :]
@@ -327,16 +331,21 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
       scale = jnp.exp(m - m_new)
       # The normaliser counts every weight; dropout acts on the weights.
-      l = l * scale + jnp.sum(p, axis=1, keepdims=True)
+      row_sum = jnp.sum(p, axis=1, keepdims=True)
+      l = l * scale + row_sum
+      if static.extra_mass:
+        lx = lx * scale + (row_sum if tag == EXTRA_PART else 0.0)
       dropped = _dropper(static, stream, tag, i, j)(p)
       acc = acc * scale + _dot(dropped.astype(v.dtype), v, 1, 0)
-      return acc, m_new, l
+      return acc, m_new, l, lx
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
-    acc, m, l = lax.fori_loop(first, last, body, (acc, m, l))
+    acc, m, l, lx = lax.fori_loop(first, last, body, (acc, m, l, lx))
   seen = l > 0
   total = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / total).astype(o_ref.dtype)
   lse_ref[...] = jnp.where(seen, m + jnp.log(total), 0.0)
+  if mass_ref is not None:
+    mass_ref[...] = lx / total
 
 
 def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
@@ -461,6 +470,10 @@ def _sizes(q, window_args, extra_args):
   return q.shape[2], nk, nm
 
 
+def _value_dim(window_args, extra_args) -> int:
+  return (window_args if window_args is not None else extra_args)[1].shape[3]
+
+
 def _seed_args(static: _Static, seed):
   """The dropout seed and first batch row as a `[1, 2]` operand, or
   nothing."""
@@ -472,6 +485,7 @@ def _seed_args(static: _Static, seed):
 def _forward(static: _Static, seed, q, window_args, extra_args):
   batch, heads, nq, d = q.shape
   _, nk, nm = _sizes(q, window_args, extra_args)
+  v_dim = _value_dim(window_args, extra_args)
   t = static.block
   args, specs = _key_args(static, window_args, extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
@@ -482,9 +496,12 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [_tile_spec(t, d)] + specs,
-        out_specs=[_tile_spec(t, d), _tile_spec(t, 1)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
+        out_specs=[_tile_spec(t, v_dim), _tile_spec(t, 1)]
+        + ([_tile_spec(t, 1)] if static.extra_mass else []),
+        out_shape=[jax.ShapeDtypeStruct((batch, heads, nq, v_dim), q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)]
+        + ([jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)]
+           if static.extra_mass else []),
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
   return _on_every_platform(call)(*seed_args, q, *args)
@@ -494,6 +511,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
               d_out):
   batch, heads, nq, d = q.shape
   _, nk, nm = _sizes(q, window_args, extra_args)
+  v_dim = _value_dim(window_args, extra_args)
   t = static.block
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32),
                   axis=-1, keepdims=True)
@@ -505,7 +523,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   def dq_call(params, interpret):
     return pl.pallas_call(
         dq_kernel, grid=(batch, heads, nq // t),
-        in_specs=seed_specs + [_tile_spec(t, d), _tile_spec(t, d),
+        in_specs=seed_specs + [_tile_spec(t, d), _tile_spec(t, v_dim),
                                _tile_spec(t, 1), _tile_spec(t, 1)] + specs,
         out_specs=_tile_spec(t, d),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -527,7 +545,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       return pl.pallas_call(
           kernel, grid=(batch, heads, n // t),
           in_specs=seed_specs + [
-              _whole_spec(nq, d), _whole_spec(nq, d), _whole_spec(nq, 1),
+              _whole_spec(nq, d), _whole_spec(nq, v_dim), _whole_spec(nq, 1),
               _whole_spec(nq, 1), _tile_spec(t, k.shape[3]),
               _tile_spec(t, v.shape[3]), _flags_spec(n)],
           out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
@@ -542,16 +560,20 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(static: _Static, seed, q, window_args, extra_args):
-  return _forward(static, seed, q, window_args, extra_args)[0]
+  """The output, and with `static.extra_mass` (output, extra mass)."""
+  return _flash_fwd(static, seed, q, window_args, extra_args)[0]
 
 
 def _flash_fwd(static, seed, q, window_args, extra_args):
-  out, lse = _forward(static, seed, q, window_args, extra_args)
-  return out, (seed, q, window_args, extra_args, out, lse)
+  out, lse, *mass = _forward(static, seed, q, window_args, extra_args)
+  primal = (out, mass[0]) if static.extra_mass else out
+  return primal, (seed, q, window_args, extra_args, out, lse)
 
 
-def _flash_bwd(static, residuals, d_out):
+def _flash_bwd(static, residuals, cotangent):
   seed, q, window_args, extra_args, out, lse = residuals
+  # The extra mass is a diagnostic without a gradient.
+  d_out = cotangent[0] if static.extra_mass else cotangent
   d_q, d_window, d_extra = _backward(static, seed, q, window_args,
                                      extra_args, out, lse, d_out)
   # The validity flags are integers: no cotangent.
@@ -610,7 +632,8 @@ def flash_attention(q: Array, k: Optional[Array] = None,
                     extra_rule: Extra = Extra(),
                     block: int = DEFAULT_BLOCK,
                     dropout_rate: float = 0.0,
-                    dropout_seed: Optional[Array] = None) -> Array:
+                    dropout_seed: Optional[Array] = None,
+                    return_extra_mass: bool = False) -> Any:
   """Softmax attention over a key window and extra keys (module docstring).
 
   Args:
@@ -627,10 +650,15 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     dropout_rate: attention dropout on the normalised weights (0: none).
     dropout_seed: int32 or uint32 scalar; required with dropout. The keep
       mask is `keep_mask(seed, b, h, query, key, part, heads, rate)`.
+    return_extra_mass: also return each query's total weight on the extra
+      keys before dropout, float32 `[batch, heads, nq]` (no gradient).
 
   Returns:
-    `[batch, heads, nq, dv]` in `q`'s dtype; zero for a query without a
-    valid key. Differentiable in q, k, v and the extra keys and values.
+    `[batch, heads, nq, dv]` in `q`'s dtype (and the extra mass); zero for
+    a query without a valid key. Differentiable in q, k, v and the extra
+    keys and values. Head dimensions are zero-padded inside to a power of
+    two of at least 16, as Triton's matrix products need; the values do
+    not change.
 
   Traced inside a mesh with a `data` axis (`mesh.under_mesh`), the kernels
   run once per batch shard (`mesh.batch_parallel`); the dropout masks are
@@ -641,18 +669,22 @@ def flash_attention(q: Array, k: Optional[Array] = None,
   longest = max([q.shape[2]] + ([k.shape[2]] if window is not None else [])
                 + ([extra[0].shape[2]] if extra is not None else []))
   t = tile_size(longest, block)
+  v_dim = (v if window is not None else extra[1]).shape[3]
+  widths = (tile_size(q.shape[3], 2**30), tile_size(v_dim, 2**30))
+  keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
+  values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
   if window is not None:
     window.check()
     if window.causal and k.shape[2] != q.shape[2]:
       raise ValueError(f'A causal window needs as many keys as queries, got '
                        f'{k.shape[2]} and {q.shape[2]}.')
-    window_args = (_pad(k, 2, t), _pad(v, 2, t), _flags(key_valid, t))
+    window_args = (keys(k), values(v), _flags(key_valid, t))
   else:
     window_args = None
   if extra is not None:
     extra_rule.check()
     kx, vx, x_valid = extra
-    extra_args = (_pad(kx, 2, t), _pad(vx, 2, t), _flags(x_valid, t))
+    extra_args = (keys(kx), values(vx), _flags(x_valid, t))
   else:
     extra_args = None
   if not 0.0 <= dropout_rate < 1.0:
@@ -665,17 +697,25 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     seed = lax.bitcast_convert_type(
         jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32)
   nq = q.shape[2]
+  mass = bool(return_extra_mass and extra is not None)
   static = _Static(window, extra_rule if extra is not None else None, t,
-                   heads=q.shape[1], dropout_rate=float(dropout_rate))
+                   heads=q.shape[1], dropout_rate=float(dropout_rate),
+                   extra_mass=mass)
 
   def local(first_row, q, window_args, extra_args, seed):
     operand = None
     if seed is not None:
       operand = jnp.stack([seed, first_row]).reshape(1, 2)
     return _flash(static, operand, q, window_args, extra_args)
-  out = mesh_lib.batch_parallel(local, (_pad(q, 2, t), window_args,
-                                        extra_args), (seed,))
-  return out[:, :, :nq]
+  out = mesh_lib.batch_parallel(local, (keys(q), window_args, extra_args),
+                                (seed,))
+  if not return_extra_mass:
+    return out[:, :, :nq, :v_dim]
+  if not mass:  # No extra keys: no weight on them.
+    return out[:, :, :nq, :v_dim], jnp.zeros(q.shape[:3], jnp.float32)
+  out, weight = out
+  return (out[:, :, :nq, :v_dim],
+          lax.stop_gradient(weight[:, :, :nq, 0]))
 
 
 def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,

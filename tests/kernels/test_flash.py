@@ -212,3 +212,31 @@ def test_forward_and_backward_lower(platform, dtype, rate):
   marker = '__gpu$xla.gpu.triton' if platform == 'cuda' else 'tpu_custom_call'
   # Forward, dQ and two dK/dV kernels: every one is a real kernel call.
   assert text.count(marker) >= 4, text.count(marker)
+
+
+def test_extra_mass_and_small_head_dims():
+  """The extra keys' share of each softmax; head and value widths that are
+  neither powers of two nor 16 (padded inside for Triton)."""
+  ks = jax.random.split(jax.random.PRNGKey(2), 5)
+  q, k = (jax.random.normal(s, (2, 2, 40, 5)) for s in ks[:2])
+  v = jax.random.normal(ks[2], (2, 2, 40, 3))
+  kx = jax.random.normal(ks[3], (2, 2, 7, 5))
+  vx = jax.random.normal(ks[4], (2, 2, 7, 3))
+  valid = jnp.ones((2, 40), bool).at[1, 30:].set(False)
+  x_valid = jnp.ones((2, 7), bool).at[1, 5:].set(False)
+  window = W('segment', size=8, left=4, right=4)
+  out, mass = flash.flash_attention(q, k, v, valid, window=window,
+                                    extra=(kx, vx, x_valid), block=BLOCK,
+                                    return_extra_mass=True)
+  assert out.shape == (2, 2, 40, 3) and mass.shape == (2, 2, 40)
+  np.testing.assert_allclose(out, flash.reference(
+      q, k, v, valid, window=window, extra=(kx, vx, x_valid)), atol=2e-6)
+  # The same share: attention with values 0 on the window and 1 on extras.
+  share = flash.reference(q, k, jnp.zeros_like(v[..., :1]), valid,
+                          window=window,
+                          extra=(kx, jnp.ones_like(vx[..., :1]), x_valid))
+  np.testing.assert_allclose(mass, share[..., 0], atol=1e-6)
+  assert 0.05 < float(mass.mean()) < 0.95
+  _, none = flash.flash_attention(q, k, v, valid, window=window,
+                                  return_extra_mass=True)
+  assert float(jnp.abs(none).max()) == 0.0
