@@ -28,12 +28,9 @@ the same variables.
 What the fused kernel does not give: the joint weights (`probs`), which the
 'xla' core sows into `intermediates`; apply the same variables with
 `implementation='xla'` to inspect them. The metric `long_range_mass` (mean
-weight on the landmarks) is computed by one more forward pass of the kernel
-without gradient, with values 1 on the landmarks and 0 on the window keys,
-so that its output is each query's landmark weight; it runs only when the
-metric is collected (training), about a quarter more kernel work in a
-training step. (With the log-sum-exp of the main call, a pass over the
-landmarks alone would do: exp(lse_landmarks - lse).)
+weight on the landmarks) comes from the same kernel call: the flash
+kernel's running sums give each query's weight on its extra keys
+(`return_extra_mass`), at no extra pass.
 
 Attention dropout is the flash kernel's: a keep mask hashed from a seed of
 the layer's dropout RNG (`flash.keep_mask`, window keys counted by sequence
@@ -167,17 +164,14 @@ def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
   call = functools.partial(flash.flash_attention, window=win,
                            extra_rule=rule or flash.Extra(),
                            block=block or BLOCK)
+  with_mass = long_range_mass and landmarks is not None
   out = call(q, k, v, key_mask, extra=extra, dropout_rate=dropout_rate,
-             dropout_seed=dropout_seed)
+             dropout_seed=dropout_seed, return_extra_mass=with_mass)
+  mass = None
+  if with_mass:
+    out, weight = out
   real = query_mask[:, None, :, None]
   out = jnp.where(real, out, jnp.zeros((), out.dtype))
-
-  mass = None
-  if long_range_mass and landmarks is not None:
-    # Values 1 on the landmarks and 0 on the window keys: every output
-    # channel is the query's total weight on the landmarks.
-    q, k, k_bar = lax.stop_gradient((q, k, extra[0]))
-    weight = call(q, k, None if k is None else jnp.zeros_like(k), key_mask,
-                  extra=(k_bar, jnp.ones_like(k_bar), extra[2]))
-    mass = jnp.where(real[..., 0], weight[..., 0].astype(jnp.float32), 0.0)
+  if with_mass:
+    mass = jnp.where(real[..., 0], weight, 0.0)
   return heads_major(out), mass
