@@ -116,7 +116,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant('layer', 'long_short', ('xla', 'pallas')),
     Variant('layer', 'adamra', ('xla', 'pallas')),
     Variant('layer', 'combiner:variant=fixed', ('xla', 'pallas')),
-    Variant('layer', 'combiner:variant=axial', ('xla', 'pallas')),
+    # The plan of the LRA configs (configs/common/combiner.py).
+    Variant('layer', 'combiner:variant=axial,axial_plan=vertical',
+            ('xla', 'pallas')),
     Variant('train', 'transformer', ('xla', 'cudnn')),
     Variant('train', 'cst', ('xla', 'pallas')),
     Variant('train', 'cst_l16', ('xla', 'pallas')),

@@ -90,7 +90,7 @@ def test_variants_cover_the_issue():
             if v.kind == 'layer'}
   assert layers['softmax'] == ('xla', 'cudnn')
   for name in ('cst', 'long_short', 'adamra', 'combiner:variant=fixed',
-               'combiner:variant=axial'):
+               'combiner:variant=axial,axial_plan=vertical'):
     assert layers[name][0] == 'xla', name
   train = [v.name for v in device.VARIANTS if v.kind == 'train']
   assert train == ['transformer', 'cst', 'cst_l16', 'long_short', 'adamra',
@@ -101,11 +101,11 @@ def test_variants_cover_the_issue():
 
 
 def test_select_variants_and_settings():
-  chosen = device.select_variants('cst,combiner:variant=axial', 'none',
-                                  'xla')
+  chosen = device.select_variants(
+      'cst,combiner:variant=axial,axial_plan=vertical', 'none', 'xla')
   assert [(v.kind, v.name, v.implementations) for v in chosen] == [
-      ('layer', 'cst', ('xla',)), ('layer', 'combiner:variant=axial',
-                                   ('xla',))]
+      ('layer', 'cst', ('xla',)),
+      ('layer', 'combiner:variant=axial,axial_plan=vertical', ('xla',))]
   assert len(device.select_variants('all', 'all', 'all')) == len(
       device.VARIANTS)
   with pytest.raises(ValueError, match='not in VARIANTS'):
