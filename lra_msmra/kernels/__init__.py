@@ -13,8 +13,17 @@ jax.numpy and lowered by XLA on every platform. It is the default and the
 numerical reference: every other implementation is tested against it.
 The modules here hold the others and the pieces they share:
 
+* `flash`: one Pallas flash-attention kernel family (forward and
+  backward) over a window of sequence keys and a set of extra keys under
+  one softmax, with padding flags and in-kernel dropout; lowered with
+  Triton on NVIDIA GPUs, Mosaic on TPUs, and interpreted on the CPU.
+* `mesh`: fused kernels under data parallelism (one call per batch shard).
 * `softmax`: the fused softmax attentions users run on accelerators
   (`'cudnn'`, `'tpu_flash'`).
+* `cst`: `'pallas'` of `cst`, its local attention inside slices and its
+  global attention among slice embeddings as calls of `flash`.
+* `combiner`: `'pallas'` of `combiner` (fixed, axial, mixture), direct
+  keys and span summaries under one softmax through `flash`.
 * `cpu_rows`: `'xla_rows'`, the `'xla'` code evaluated on CPU one batch
   row at a time (an opt-in of `long_short`).
 * `xla_layout`: how the `'xla'` code arranges its memory (`after`).
