@@ -73,6 +73,7 @@ import json
 import multiprocessing
 import os
 import re
+import resource
 import shutil
 import struct
 import sys
@@ -448,7 +449,7 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
   tasks = [(folder, s, spec['difficulty'], spec['seed'], k, first, k * per,
             min(CHUNK, count - first))
            for k, count in todo.items() for first in range(0, count, CHUNK)]
-  began, load_start = time.time(), os.getloadavg()
+  began, load_start, cpu_start = time.time(), os.getloadavg(), _cpu_seconds()
   to_write = sum(todo.values())
   labels, margins, done = [0, 0], {}, n - to_write
   pending: dict[int, dict[int, list[str]]] = {}
@@ -483,7 +484,7 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
     with context.Pool(used) as pool:
       for result in pool.imap_unordered(_write_chunk, tasks):
         finish(*result)
-  seconds = time.time() - began
+  seconds, cpu = time.time() - began, _cpu_seconds() - cpu_start
   for path in glob.glob(os.path.join(meta_dir, '*.npy')):
     with open(path) as f:
       for line in f:
@@ -497,12 +498,24 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
       # Wall time per image times the processes that wrote them.
       'seconds_per_image_per_worker': (
           round(seconds * used / to_write, 5) if to_write else None),
+      # CPU time of this process and its workers: less dependent on what
+      # else the machine runs than the wall time.
+      'cpu_seconds': round(cpu, 1),
+      'cpu_seconds_per_image': round(cpu / to_write, 5) if to_write else None,
       'workers': used, 'cpu_count': os.cpu_count(),
       'load_average_start': [round(v, 2) for v in load_start],
       'load_average_end': [round(v, 2) for v in os.getloadavg()],
       'labels': {'0': labels[0], '1': labels[1]},
       'paddle_margins': dict(sorted(margins.items())),
   }
+
+
+def _cpu_seconds() -> float:
+  """User and system CPU seconds of this process and its finished
+  children."""
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def read_stamp(folder: str) -> Optional[dict[str, Any]]:
