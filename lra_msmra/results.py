@@ -272,6 +272,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
       speed = [r['train_steps_per_sec'] for r in task_runs
                if r.get('train_steps_per_sec')] if device else []
       row['tasks'][task] = {
+          'floor': all(on_floor(r) for r in task_runs),
           'mean': statistics.fmean(acc),
           'std': statistics.stdev(acc) if len(acc) > 1 else 0.0,
           'n': len(acc),
@@ -290,12 +291,32 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   return rows
 
 
+# A run whose headline test accuracy is within this many points of its test
+# split's majority-class rate never learned more than the label frequencies.
+FLOOR_POINTS = 2.0
+FLOOR_MARK = 'floor'
+FLOOR_NOTE = (f'"{FLOOR_MARK}": every run of the cell ended within '
+              f'{FLOOR_POINTS:g} points of its test split\'s majority-class '
+              'rate: it learned the label frequencies and nothing of the '
+              'inputs.')
+
+
+def on_floor(run: Mapping[str, Any]) -> bool:
+  """Whether a run ended on the majority-class floor (`FLOOR_POINTS`)."""
+  rate = run.get('test_majority_rate')
+  if rate is None or run.get('test_accuracy') is None:
+    return False
+  return 100.0 * (run['test_accuracy'] - rate) < FLOOR_POINTS
+
+
 def _fmt_score(cell: Optional[Mapping[str, Any]]) -> str:
   if cell is None:
     return '—'
+  mark = f' {FLOOR_MARK}' if cell.get('floor') else ''
   if cell['n'] > 1:
-    return f'{cell["mean"]:.2f} ± {cell["std"]:.2f} (n={cell["n"]})'
-  return f'{cell["mean"]:.2f}'
+    return (f'{cell["mean"]:.2f} ± {cell["std"]:.2f} (n={cell["n"]})'
+            f'{mark}')
+  return f'{cell["mean"]:.2f}{mark}'
 
 
 def _fmt_avg(value: Optional[float], count: int) -> str:
@@ -342,6 +363,8 @@ def markdown(rows: Sequence[Mapping[str, Any]],
            'runs of an unmodified config file of the repository, on '
            'released or generated data, are listed beside the published '
            'numbers; generated data is named in the row.', '']
+  if any(cell.get('floor') for r in rows for cell in r['tasks'].values()):
+    lines += [FLOOR_NOTE, '']
   # Rows on real examples (released or generated), split into full runs and
   # runlocal jobs; the rest is mock data.
   on_real = [r for r in rows if r['data_kind'] in REAL_DATA_KINDS]

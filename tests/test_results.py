@@ -519,3 +519,13 @@ def test_lra_table2_as_transcribed_agrees_with_its_printed_ratios():
       (8.7 / 2.3, 0.82 / 5.51))
   assert published.lra_table2_ratios('cst', 1024) is None
   assert published.lra_table2_ratios('local', 1536) is None
+
+
+def test_cells_on_the_majority_class_floor_are_marked():
+  floor = {'test_accuracy': 0.1685, 'test_majority_rate': 0.1675}
+  learned = {'test_accuracy': 0.2070, 'test_majority_rate': 0.1675}
+  assert results.on_floor(floor) and not results.on_floor(learned)
+  assert not results.on_floor({'test_accuracy': 0.17})  # Rate unknown.
+  cell = {'mean': 16.85, 'std': 0.13, 'n': 3, 'floor': True}
+  assert results._fmt_score(cell) == '16.85 ± 0.13 (n=3) floor'  # pylint: disable=protected-access
+  assert results._fmt_score({**cell, 'floor': False}).endswith('(n=3)')  # pylint: disable=protected-access
