@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -529,3 +530,26 @@ def test_cells_on_the_majority_class_floor_are_marked():
   cell = {'mean': 16.85, 'std': 0.13, 'n': 3, 'floor': True}
   assert results._fmt_score(cell) == '16.85 ± 0.13 (n=3) floor'  # pylint: disable=protected-access
   assert results._fmt_score({**cell, 'floor': False}).endswith('(n=3)')  # pylint: disable=protected-access
+
+
+def test_suite_learning_rate_bracket(tmp_path):
+  cmd = [sys.executable, 'launch/suite.py', '--protocol', 'cst',
+         '--mechanisms', 'cst', '--tasks', 'listops', '--seeds', '0',
+         '--lr_bracket', '1,2,0.5', '--data_dir', str(tmp_path),
+         '--root', str(tmp_path), '--dry_run']
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
+  assert done.returncode == 0, done.stderr
+  runs = [shlex.split(l) for l in done.stdout.splitlines()
+          if 'lra_msmra.main' in l]
+  folders = [os.path.relpath(r[r.index('--workdir') + 1], str(tmp_path))
+             for r in runs]
+  assert folders == ['cst/listops/cst/seed0', 'cst/listops/cst_lr2x/seed0',
+                     'cst/listops/cst_lr0.5x/seed0']
+  # configs/listops/base.py sets l0 = 1e-5 for the `cst` protocol.
+  rates = [[a for a in r if a.startswith('--config.schedule.')] for r in runs]
+  assert rates == [[], ['--config.schedule.learning_rate=2e-05'],
+                   ['--config.schedule.learning_rate=5e-06']]
+  bad = subprocess.run(cmd[:9] + ['--lr_bracket', 'x'] + cmd[11:],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert bad.returncode != 0 and '--lr_bracket' in bad.stderr
