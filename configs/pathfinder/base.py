@@ -11,7 +11,7 @@ Pathfinder generator with LRA's settings (`--generate_pathfinder`, 200,000
 images per set, recorded as generated data); or the release folder holding
 pathfinder32/ ... pathfinder256/. With `data.generate=True` (the `runlocal`
 option), `data.generator.num_examples` images of the configured set are
-generated into the workdir instead (docs/protocol.md §7.4).
+generated into the workdir instead (docs/protocol.md §7.3).
 
 `data.difficulty` picks curv_baseline ('easy'), curv_contour_length_9
 ('intermediate', used by the Combiner paper) or curv_contour_length_14

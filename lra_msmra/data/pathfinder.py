@@ -45,7 +45,7 @@ line (LRA drops the last element after splitting on newlines, which would
 lose it); blank lines and malformed lines raise instead of crashing later;
 LRA drops the last partial evaluation batch, we evaluate every image.
 
-Generated data (docs/protocol.md §7.4): `generate_dataset` writes a
+Generated data (docs/protocol.md §7.3): `generate_dataset` writes a
 difficulty folder in this layout with our seeded implementation of the
 Pathfinder generator (`pathfinder_generator`, LRA's settings), plus a
 `generator.json` stamp; `python -m lra_msmra.data.prepare

@@ -3,7 +3,7 @@ r"""Pathfinder and Path-X images: a seeded implementation of the generator.
 LRA's Pathfinder images come from the generator of Kim, Linsley et al.
 (ICLR 2020, github.com/drewlinsley/pathfinder, `snakes2.py` with helpers in
 `snakes.py`), run with the settings LRA lists per resolution in the
-docstrings of `lra_benchmarks/data/pathfinder.py` (docs/protocol.md §7.4).
+docstrings of `lra_benchmarks/data/pathfinder.py` (docs/protocol.md §7.3).
 This module implements that algorithm in NumPy, step for step:
 
 1. Two target snakes start `seed_distance` apart: the first paddle of the
@@ -34,11 +34,13 @@ a snake's newest paddle joins the occupancy mask one step late (so a paddle
 never collides with its predecessor), only the second target snake's last
 paddle is added at the end, the second target seed is not checked against
 the first, the dilation structure of a seed is the paddle mask's saturated
-pixels, and at 32x32 the distractors (contrast 2.0) are brighter than the
-targets (0.75 * 2.0), which are brighter than the markers (1.0) before the
-final scaling.
+pixels, seed directions whose structure OpenCV's border handling makes
+unplaceable fail (at 32x32 all but 30 of 360, see `_Geometry.seed_kernel`),
+and at 32x32 the distractors (contrast 2.0) are brighter than the targets
+(0.75 * 2.0), which are brighter than the markers (1.0) before the final
+scaling.
 
-Where we differ (docs/protocol.md §7.4):
+Where we differ (docs/protocol.md §7.3):
 * Seeded: image `n` of a set depends only on (seed, resolution,
   difficulty, n), through its own PCG64 stream, so any image can be
   regenerated alone and a set is the same on every machine and for any
@@ -48,17 +50,19 @@ Where we differ (docs/protocol.md §7.4):
   paddle of a snake is drawn uniformly among the free positions by
   rejection (falling back to the full list of free positions), which gives
   the same distribution as the official draw from that list.
-* Trigonometric values are rounded to 12 decimals, so that the images do not
-  depend on the C library's last bit (a lattice point exactly on a rounding
-  boundary of the official float arithmetic may land one pixel apart).
+* The continuity weights are rounded to 12 decimals, so that the draws do
+  not depend on the last bit of the C library's cosine.
 * Python 2 arithmetic where LRA's settings rely on it: `contour_length / 3`
   and `budget / distractor_length` are integer divisions.
 * A target pair that cannot be placed in MAX_TARGET_ATTEMPTS tries raises
   instead of looping forever.
 
 Rasterisation follows the libraries the official code ran on (Pillow's line
-and polygon fill, OpenCV's dilation, Pillow's fixed-point Lanczos filter);
-docs/protocol.md §7.4 compares our images with the official generator's.
+and polygon fill, OpenCV's dilation, Pillow's fixed-point Lanczos filter,
+SciPy's scaling to 0..255): our paddles, occupancy masks, seed structures,
+next-paddle circles and markers equal the official functions' output bit
+for bit. docs/protocol.md §7.4 compares the images with the official
+generator's.
 
 Settings: `settings(resolution, difficulty)`; Path-X follows the distractor
 count given for the released data in LRA issue #38 (`PATHX_DISTRACTORS`).
@@ -77,7 +81,7 @@ import numpy as np
 # and 'intermediate' from the folder names, 'easy' (curv_baseline) from the
 # official wrapper's baseline condition.
 CONTOUR_LENGTHS = {'easy': 6, 'intermediate': 9, 'hard': 14}
-# Path-X distractor budget (LRA issue #38, docs/protocol.md §7.4): the
+# Path-X distractor budget (LRA issue #38, docs/protocol.md §7.3): the
 # builder docstring gives 35 / distractor_length; the released data used
 # twice as many. 'documented' is kept for comparison.
 PATHX_DISTRACTORS = {'release': 70, 'documented': 35}
@@ -283,17 +287,16 @@ def _bresenham(canvas: np.ndarray, x0: int, y0: int, x1: int, y1: int
 
 
 def _round_up(f: float) -> int:
-  """Pillow's ROUND_UP: half away from zero."""
-  f = np.float32(f)
-  half = np.float32(0.5)
+  """Pillow's ROUND_UP, half away from zero, in `f`'s precision (float32
+  for scanline crossings, float64 otherwise)."""
+  half = np.float32(0.5) if isinstance(f, np.float32) else 0.5
   return int(math.floor(f + half)) if f >= 0 else -int(
       math.floor(abs(f) + half))
 
 
 def _round_down(f: float) -> int:
-  """Pillow's ROUND_DOWN: half toward zero."""
-  f = np.float32(f)
-  half = np.float32(0.5)
+  """Pillow's ROUND_DOWN, half toward zero, in `f`'s precision."""
+  half = np.float32(0.5) if isinstance(f, np.float32) else 0.5
   return int(math.ceil(f - half)) if f >= 0 else -int(
       math.ceil(abs(f) - half))
 

@@ -28,7 +28,7 @@ What it writes (`DIR/`):
 Then point every task's config at it: `--config.data_dir=DIR` (ListOps also
 takes `DIR/listops-1000` directly).
 
-Generated data instead of the release (docs/protocol.md §6, §7.4):
+Generated data instead of the release (docs/protocol.md §6, §7.3):
 
   python -m lra_msmra.data.prepare --generate_listops --out DIR
   python -m lra_msmra.data.prepare --generate_pathfinder --out DIR \
