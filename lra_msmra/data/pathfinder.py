@@ -99,6 +99,8 @@ BATCH_SHUFFLE_WINDOW = 2048  # LRA's shuffle buffer (256 * 8 batches).
 GENERATED_PER_FOLDER = 1000
 # Images per unit of work of the generator's worker processes.
 CHUNK = 50
+# Present while a generated set is being written (its settings).
+PROGRESS_FILE = 'generating.json'
 # Images per difficulty in the release (and by default in generated sets).
 RELEASE_EXAMPLES = 200_000
 
@@ -422,7 +424,7 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
                    spec: dict[str, Any], workers: int, log: Optional[Any]
                    ) -> dict[str, Any]:
   """`generate_dataset`'s work; returns the stamp's details."""
-  progress = os.path.join(folder, 'generating.json')
+  progress = os.path.join(folder, PROGRESS_FILE)
   meta_dir = os.path.join(folder, 'metadata')
   resumable = False
   if os.path.exists(progress):
@@ -603,6 +605,11 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   folder = folder_path(root, data.resolution, data.difficulty)
   if source == 'release':
     _refuse_second_copy(root, data.resolution)
+  if os.path.exists(os.path.join(folder, PROGRESS_FILE)):
+    raise ValueError(
+        f'{folder} is a generated set that was not finished; run the '
+        '`python -m lra_msmra.data.prepare --generate_pathfinder` command '
+        'that wrote it again to complete it.')
   examples = read_metadata(folder)
   sources, skipped, counts = {}, {}, {}
   for name, split in split_examples(examples, data.difficulty).items():

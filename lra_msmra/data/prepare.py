@@ -400,8 +400,8 @@ def generate_pathfinder(out: str, sets: Sequence[tuple[int, str]],
     folder = pathfinder.folder_path(out, resolution, difficulty)
     if os.path.islink(top) or (os.path.isdir(folder) and
                                pathfinder.read_stamp(folder) is None and
-                               not os.path.exists(
-                                   os.path.join(folder, 'generating.json'))
+                               not os.path.exists(os.path.join(
+                                   folder, pathfinder.PROGRESS_FILE))
                                and os.listdir(folder)):
       raise PrepareError(f'{folder} already holds release data; choose '
                          'another --out.')

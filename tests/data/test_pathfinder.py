@@ -98,6 +98,16 @@ def test_generated_runlocal_data_round_trips(tmp_path):
   assert again.notes['generator'] == gen
 
 
+def test_an_unfinished_generated_set_is_refused(tmp_path):
+  folder = pathfinder.generate_dataset(str(tmp_path), resolution=32,
+                                       difficulty='easy', num_examples=10,
+                                       seed=0)
+  (tmp_path / 'pathfinder32' / 'curv_baseline' / 'generating.json').write_text(
+      '{}')
+  _fails(tmp_path, f'{folder} is a generated set that was not finished',
+         difficulty='easy')
+
+
 def test_earlier_mock_data_in_a_workdir_is_replaced(tmp_path):
   # Workdirs of earlier versions hold mock images stamped at the root.
   root = tmp_path / 'data' / 'pathfinder'
