@@ -56,7 +56,7 @@ O(N^2), for analysis and tests.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -65,6 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra_msmra.attention import base
+from lra_msmra.attention import combiner_spans as spans
 from lra_msmra.kernels import combiner as fused
 from lra_msmra.kernels import flash
 
@@ -83,6 +84,13 @@ _ROW_APPLY = 'brchk,brkhd->brchd'
 _COL_LOGITS = 'brchd,bschd->brchs'
 _COL_APPLY = 'brchs,bschd->brchd'
 
+
+
+# Shared with the fused kernels (`combiner_spans`).
+_masked_pool = spans.masked_pool
+_prefix_pool = spans.prefix_pool
+_to_grid = spans.to_grid
+_from_grid = spans.from_grid
 
 def default_block_size(length: int) -> int:
   """The power of two nearest to sqrt(length) on a log scale (at least 1)."""
@@ -197,79 +205,6 @@ def _col_term(q: Array, keys: Array, values: Array, valid: Array,
   """Queries (r, c) against keys/values indexed (r', c)."""
   return _Term(_logits(_COL_LOGITS, q, keys), valid,
                lambda w: _weigh(_COL_APPLY, w, values), direct)
-
-
-def _masked_pool(x: Array, valid: Array, axis: int, kind: str
-                 ) -> tuple[Array, Array]:
-  """Pools `x` over `axis` using valid members only.
-
-  Args:
-    x: values to pool.
-    valid: bool, broadcastable to `x`, same rank.
-    axis: the axis to pool over (removed).
-    kind: 'max' or 'mean'.
-
-  Returns:
-    (pooled, has_member): `pooled` is 0 where no member is valid.
-  """
-  has = jnp.any(valid, axis=axis)
-  if kind == 'max':
-    pooled = jnp.max(jnp.where(valid, x, -jnp.inf), axis=axis)
-  else:
-    total = jnp.sum(jnp.where(valid, x.astype(jnp.float32), 0.0), axis=axis)
-    count = jnp.sum(valid.astype(jnp.float32), axis=axis)
-    pooled = total / jnp.maximum(count, 1.0)
-  return jnp.where(has, pooled, 0).astype(x.dtype), has
-
-
-def _shift(x: Array, axis: int, reverse: bool, fill: Any) -> Array:
-  """Moves `x` one step along `axis` (forward, or backward if `reverse`)."""
-  size = x.shape[axis]
-  pad = [(0, 0)] * x.ndim
-  pad[axis] = (0, 1) if reverse else (1, 0)
-  x = jnp.pad(x, pad, constant_values=fill)
-  return lax.slice_in_dim(x, 1 if reverse else 0, size + (1 if reverse else 0),
-                          axis=axis)
-
-
-def _prefix_pool(x: Array, valid: Array, axis: int, kind: str, reverse: bool
-                 ) -> tuple[Array, Array]:
-  """Exclusive prefix (suffix if `reverse`) pooling over valid members.
-
-  Entry t pools the members strictly before t (after t if `reverse`) along
-  `axis`: the abstraction of "the part of this column above the query's row".
-
-  Returns:
-    (pooled, has_member), shaped like `x` and `valid`; pooled is 0 where the
-    prefix has no valid member.
-  """
-  count = lax.cumsum(valid.astype(jnp.float32), axis=axis, reverse=reverse)
-  count = _shift(count, axis, reverse, 0.0)
-  has = count > 0
-  if kind == 'max':
-    inclusive = lax.cummax(jnp.where(valid, x, -jnp.inf), axis=axis,
-                           reverse=reverse)
-    pooled = _shift(inclusive, axis, reverse, -jnp.inf)
-  else:
-    inclusive = lax.cumsum(jnp.where(valid, x.astype(jnp.float32), 0.0),
-                           axis=axis, reverse=reverse)
-    pooled = _shift(inclusive, axis, reverse, 0.0) / jnp.maximum(count, 1.0)
-  return jnp.where(has, pooled, 0).astype(x.dtype), has
-
-
-def _to_grid(x: Array, offset: int, row_length: int) -> Array:
-  """`[B, N, ...]` -> `[B, n, m, ...]`: `offset` leading and trailing zeros."""
-  length = x.shape[1]
-  rows = -(-(offset + length) // row_length)
-  pad = [(0, 0), (offset, rows * row_length - offset - length)]
-  x = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2))
-  return x.reshape(x.shape[0], rows, row_length, *x.shape[2:])
-
-
-def _from_grid(x: Array, offset: int, length: int) -> Array:
-  """Inverse of `_to_grid`: `[B, n, m, ...]` -> `[B, length, ...]`."""
-  x = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
-  return x[:, offset:offset + length]
 
 
 class _Grid(NamedTuple):

@@ -41,7 +41,7 @@ Everything else (projections, DeepSets maps, the grid and its padding,
 pooling) is the mechanism's own code, so variables and the function are
 those of `'xla'`. The layer sows nothing in either implementation.
 
-Attention dropout as in 'xla' (docs/mechanisms/combiner.md §3.6): every
+Attention dropout as in 'xla' (docs/mechanisms/combiner.md §3, item 6): every
 effective weight passes through one mask, direct weights after the joint
 softmax and span members inside their local expectation. Flash drops every
 key of a call, so with dropout the direct keys and the span summaries go to
@@ -74,6 +74,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from lra_msmra.attention import base
+from lra_msmra.attention import combiner_spans
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import mesh as mesh_lib
 
@@ -541,7 +542,6 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   Returns:
     `[batch, length, heads, dv]`; padded queries are not zeroed.
   """
-  from lra_msmra.attention import combiner as xla
   batch, length = real.shape
   blocks = -(-length // block_size)
   padded = blocks * block_size
@@ -554,10 +554,10 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
 
   member = jnp.pad(real, [(0, 0), (0, padded - length)]).reshape(
       batch, 1, blocks, block_size)
-  q_span, _ = xla._masked_pool(
+  q_span, _ = combiner_spans.masked_pool(
       split(hq if pq is q else _heads_major(pq)), member[..., None], axis=3,
       kind=pool)
-  k_span, has = xla._masked_pool(
+  k_span, has = combiner_spans.masked_pool(
       split(hk if pk is k else _heads_major(pk)), member[..., None], axis=3,
       kind=pool)
   # Each block's local expectation with its pooled query: one query per
@@ -612,12 +612,11 @@ def _spans(g: _Grid, axis: int, reverse: bool, pool: str, t: int,
     (abstraction keys `[B, H, n, m, d]`, local expectations `[B, H, n, m,
     dv]`, has a member `[B, n, m]`).
   """
-  from lra_msmra.attention import combiner as xla
   member = g.real[:, None, :, :, None]
-  q_span, _ = xla._prefix_pool(g.pq, member, axis=axis, kind=pool,
-                               reverse=reverse)
-  k_span, has = xla._prefix_pool(g.pk, member, axis=axis, kind=pool,
-                                 reverse=reverse)
+  q_span, _ = combiner_spans.prefix_pool(g.pq, member, axis=axis,
+                                         kind=pool, reverse=reverse)
+  k_span, has = combiner_spans.prefix_pool(g.pk, member, axis=axis,
+                                           kind=pool, reverse=reverse)
   n, m = g.real.shape[1:]
   rule = 'gt' if reverse else 'lt'
   seed = seeds.next() if dropout_rate else None
@@ -664,8 +663,7 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   Returns:
     `[batch, length, heads, dv]`; padded queries are not zeroed.
   """
-  from lra_msmra.attention import combiner as xla
-  grid = lambda a: xla._to_grid(a, offset, row_length)
+  grid = lambda a: combiner_spans.to_grid(a, offset, row_length)
   g = _Grid(_grid_heads(grid(q)), _grid_heads(grid(k)), _grid_heads(grid(v)),
             None, None, grid(real))
   g = g._replace(pq=g.q if pq is q else _grid_heads(grid(pq)),
@@ -731,4 +729,4 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   else:
     raise ValueError(f'Unknown axial plan {plan!r}.')
   out = jnp.transpose(out.reshape(*g.q.shape[:4], -1), (0, 2, 3, 1, 4))
-  return xla._from_grid(out, offset, real.shape[1])
+  return combiner_spans.from_grid(out, offset, real.shape[1])
