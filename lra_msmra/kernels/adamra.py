@@ -38,7 +38,7 @@ The queries are read in the heads-major layout `[batch, S, N, d]` (stacked:
 the first-stage `[batch, N, F]`), per-query values as columns `[N, 1]`; head
 dims below 16 or not powers of two are zero-padded (Triton's products need
 16), which changes nothing: padded features meet zero rows of KV and z. The
-kernels run on every platform through `flash._on_every_platform` (Triton on
+kernels run on every platform through `flash.on_every_platform` (Triton on
 NVIDIA GPUs, Mosaic on TPUs, the interpreter on the CPU). `reference` is
 the same function in plain XLA.
 """
@@ -58,10 +58,8 @@ from lra_msmra.kernels import mesh as mesh_lib
 
 Array = jax.Array
 # flash's tile product and platform dispatch, shared by every kernel here.
-# pylint: disable=protected-access
-_dot = flash._dot
-_on_every_platform = flash._on_every_platform
-# pylint: enable=protected-access
+_dot = flash.dot
+_on_every_platform = flash.on_every_platform
 
 FEATURE_MAPS = ('relu', 'elu_plus_one')
 DEFAULT_BLOCK = flash.DEFAULT_BLOCK

@@ -237,8 +237,8 @@ def keep_mask(seed: Array, batch: Array, head: Array, query: Array,
 # -- the kernel bodies -------------------------------------------------------
 
 
-def _dot(a: Array, b: Array, contract_a: int, contract_b: int) -> Array:
-  """float32 product of two tiles over one axis each."""
+def dot(a: Array, b: Array, contract_a: int, contract_b: int) -> Array:
+  """float32 product of two tiles over one axis each (for kernel bodies)."""
   return lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
                          preferred_element_type=jnp.float32)
 
@@ -326,7 +326,7 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       v = v_ref[pl.ds(j0, t), :]
       j = _iota((t, t), 1, j0)
       ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i, j)
-      s = jnp.where(ok, _dot(q, k, 1, 1), NEG)
+      s = jnp.where(ok, dot(q, k, 1, 1), NEG)
       m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
       p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
       scale = jnp.exp(m - m_new)
@@ -336,7 +336,7 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       if static.extra_mass:
         lx = lx * scale + (row_sum if tag == EXTRA_PART else 0.0)
       dropped = _dropper(static, stream, tag, i, j)(p)
-      acc = acc * scale + _dot(dropped.astype(v.dtype), v, 1, 0)
+      acc = acc * scale + dot(dropped.astype(v.dtype), v, 1, 0)
       return acc, m_new, l, lx
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
     acc, m, l, lx = lax.fori_loop(first, last, body, (acc, m, l, lx))
@@ -371,10 +371,10 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       v = v_ref[pl.ds(j0, t), :]
       j = _iota((t, t), 1, j0)
       ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i, j)
-      p = jnp.where(ok, jnp.exp(_dot(q, k, 1, 1) - lse), 0.0)
-      d_p = _dropper(static, stream, tag, i, j)(_dot(do, v, 1, 1))
+      p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse), 0.0)
+      d_p = _dropper(static, stream, tag, i, j)(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
-      return dq + _dot(ds.astype(k.dtype), k, 1, 0)
+      return dq + dot(ds.astype(k.dtype), k, 1, 0)
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
     dq = lax.fori_loop(first, last, body, dq)
   dq_ref[...] = dq.astype(dq_ref.dtype)
@@ -400,12 +400,12 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
     do = do_ref[pl.ds(r0, t), :]
     i = _iota((t, t), 0, r0)
     ok = _tile_mask(rule, valid, i, j)
-    p = jnp.where(ok, jnp.exp(_dot(q, k, 1, 1) - lse_ref[pl.ds(r0, t), :]),
+    p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse_ref[pl.ds(r0, t), :]),
                   0.0)
     drop = _dropper(static, stream, tag, i, j)
-    dv = dv + _dot(drop(p).astype(do.dtype), do, 0, 0)
-    ds = p * (drop(_dot(do, v, 1, 1)) - delta_ref[pl.ds(r0, t), :])
-    dk = dk + _dot(ds.astype(q.dtype), q, 0, 0)
+    dv = dv + dot(drop(p).astype(do.dtype), do, 0, 0)
+    ds = p * (drop(dot(do, v, 1, 1)) - delta_ref[pl.ds(r0, t), :])
+    dk = dk + dot(ds.astype(q.dtype), q, 0, 0)
     return dk, dv
 
   first, last = _tiles(*rule.query_range(j0, j0 + t - 1, nq), t)
@@ -418,8 +418,11 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
 # -- pallas_call plumbing ----------------------------------------------------
 
 
-def _on_every_platform(call):
-  """`call(compiler_params, interpret)` as one program for every backend."""
+def on_every_platform(call):
+  """`call(compiler_params, interpret)` as one program for every backend:
+  Triton on NVIDIA and AMD GPUs, Mosaic on TPUs, Pallas' interpreter on the
+  CPU, picked when the program is lowered (`lax.platform_dependent`). Other
+  kernel modules dispatch their own `pallas_call`s through it."""
   def run(*args):
     return lax.platform_dependent(
         *args,
@@ -504,7 +507,7 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
            if static.extra_mass else []),
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
-  return _on_every_platform(call)(*seed_args, q, *args)
+  return on_every_platform(call)(*seed_args, q, *args)
 
 
 def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
@@ -528,7 +531,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
         out_specs=_tile_spec(t, d),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
-  d_q = _on_every_platform(dq_call)(*seed_args, q, d_out, lse, delta, *args)
+  d_q = on_every_platform(dq_call)(*seed_args, q, d_out, lse, delta, *args)
 
   grads = []
   for rule, tag, group in ((static.window, WINDOW_PART, window_args),
@@ -553,7 +556,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
-    grads.append(tuple(_on_every_platform(dkv_call)(
+    grads.append(tuple(on_every_platform(dkv_call)(
         *seed_args, q, d_out, lse, delta, k, v, flags)))
   return d_q, grads[0], grads[1]
 
