@@ -77,3 +77,28 @@ def test_adamra_layer_gradients_under_a_mesh():
                   jax.tree_util.tree_leaves(want)):
     scale = float(np.abs(np.asarray(w)).max())
     np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 + 5e-5 * scale)
+
+
+@pytest.mark.parametrize('config_file', ['cst.py', 'long_short.py',
+                                         'combiner_axial.py', 'adamra.py'])
+def test_pallas_training_steps_lower_on_a_mesh_for_tpu_and_gpu(config_file):
+  """The trainer's jitted train and eval steps of a `pallas` config, over 8
+  devices with the batch split (shard_map around every kernel call),
+  lower for tpu and for cuda in bfloat16."""
+  import os  # pylint: disable=g-import-not-at-top
+  from lra_msmra import scaling  # pylint: disable=g-import-not-at-top
+  from lra_msmra import validation  # pylint: disable=g-import-not-at-top
+  config = scaling.load_config(
+      os.path.join(scaling.CONFIG_ROOT, 'listops', config_file), 'runlocal')
+  config.model.attention_kw.implementation = 'pallas'
+  config.model.dtype = 'bfloat16'
+  mesh = sharding.create_mesh(jax.devices()[:8])
+  _, abstract = validation.trace(config)
+  steps = scaling.build_steps(config, mesh, abstract)
+  # One platform at a time, as jit lowers on each: the kernels' Triton and
+  # Mosaic parameters live in separate branches of lax.platform_dependent,
+  # which a single program for both platforms cannot hold.
+  for program in (steps.train, steps.eval):
+    for platform in ('tpu', 'cuda'):
+      assert scaling.lowering_failures(program, (platform,)) == [], (
+          program.name, platform)
