@@ -50,9 +50,8 @@ picks the form when the program is lowered, so a program exported for
 `cuda` or `tpu` on a CPU-only machine holds the real kernel (one platform
 per program: the Triton and Mosaic parameters sit in separate branches,
 which one program lowered for both platforms at once cannot hold). Kernel
-code
-avoids what one of the lowerings lacks: integer division is `lax.div` on
-non-negative values (`//` lowers through `sign`, which Mosaic resolves
+code avoids what one of the lowerings lacks: integer division is `lax.div`
+on non-negative values (`//` lowers through `sign`, which Mosaic resolves
 against the local device), per-key flags come as rows `[1, N]` and
 per-query statistics as columns `[N, 1]`, iotas are 2-D.
 """
