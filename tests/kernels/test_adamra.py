@@ -19,6 +19,7 @@ import pytest
 
 from lra_msmra.attention import adamra
 from lra_msmra.kernels import adamra as routed_kernels
+from tests.kernels import helpers
 
 pytestmark = pytest.mark.xdist_group('kernels-adamra')
 
@@ -44,17 +45,6 @@ CASES = [
                                  feature_map='elu_plus_one', use_bias=True),
      0.0),
 ]
-
-
-def _padding_mask(length=LENGTH):
-  """The contract's padding patterns (tests/attention/test_contract.py)."""
-  mask = np.ones((4, length), bool)
-  mask[0, :5] = False                  # leading padding,
-  mask[1, 4:9] = False                 # an inner run
-  mask[1, length - 1] = False          # and a trailing position,
-  mask[2, :] = False                   # no real token,
-  mask[3, length - length // 3:] = False  # the last third padded.
-  return jnp.asarray(mask)
 
 
 def _layer(implementation, knobs, dropout_rate=0.0, dtype=jnp.float32):
@@ -90,7 +80,7 @@ def _output_and_grads(layer, params, x, mask, cot):
 def _compare(cid, knobs, rate, dtype, check):
   """Runs both implementations; `check(name, got, want)` on each array."""
   del cid
-  mask = _padding_mask()
+  mask = helpers.padding_mask(LENGTH)
   x = jax.random.normal(jax.random.PRNGKey(1), (4, LENGTH, FEATURES))
   cot = jax.random.normal(jax.random.PRNGKey(2), (4, LENGTH, FEATURES))
   xla, pallas = (_layer(i, knobs, rate, dtype) for i in ('xla', 'pallas'))
@@ -100,7 +90,7 @@ def _compare(cid, knobs, rate, dtype, check):
   got = _output_and_grads(pallas, variables['params'], x, mask, cot)
   assert got[0].dtype == want[0].dtype == dtype
   check('output', got[0], want[0])
-  assert float(jnp.abs(got[0][2]).max()) == 0.0  # No real token: zero.
+  assert float(jnp.abs(got[0][3]).max()) == 0.0  # No real token: zero.
   check('d input', got[1][1], want[1][1])
   flat_got = jax.tree_util.tree_leaves_with_path(got[1][0])
   flat_want = jax.tree.leaves(want[1][0])
@@ -134,7 +124,7 @@ def test_bfloat16_tracks_xla():
 def test_variables_are_the_xla_ones():
   # Everything but the query side is shared code; the stacked maps are
   # created by the same module, whose kernel applies them.
-  mask = _padding_mask()
+  mask = helpers.padding_mask(LENGTH)
   x = jax.random.normal(jax.random.PRNGKey(1), (4, LENGTH, FEATURES))
   knobs = dict(projections='stacked', use_bias=True)
   init = lambda layer: jax.jit(lambda k, a, m: layer.init(  # noqa: E731
@@ -146,7 +136,7 @@ def test_variables_are_the_xla_ones():
 
 
 def test_sown_values_are_the_xla_ones():
-  mask = _padding_mask()
+  mask = helpers.padding_mask(LENGTH)
   x = jax.random.normal(jax.random.PRNGKey(1), (4, LENGTH, FEATURES))
   xla, pallas = (_layer(i, dict(projections='single'))
                  for i in ('xla', 'pallas'))

@@ -25,6 +25,7 @@ from lra_msmra.attention import combiner
 from lra_msmra.kernels import combiner as fused
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import mesh as mesh_lib
+from tests.kernels import helpers
 
 # pylint: disable=protected-access
 
@@ -61,32 +62,10 @@ def _small_tiles(monkeypatch):
   monkeypatch.setattr(fused, 'BLOCK', BLOCK)
 
 
-def _padding_mask(length):
-  """The contract tests' patterns, one per row: a trailing third
-  (`_inputs`); `_padded_rows_mask`'s leading run, an inner run with a
-  trailing position, and an example with no real token."""
-  mask = np.ones((4, length), bool)
-  mask[0, length - length // 3:] = False
-  mask[1, :5] = False
-  mask[2, 4:9] = False
-  mask[2, length - 1] = False
-  mask[3] = False
-  return jnp.asarray(mask)
-
-
 def _layer(implementation, causal, dtype=jnp.float32, **kw):
   return combiner.CombinerAttention(
       num_heads=HEADS, qkv_features=QKV, causal=causal, dtype=dtype,
       use_bias=True, implementation=implementation, **kw)
-
-
-def _random_biases(params):
-  """Non-zero biases (zero-initialised ones would hide padded-row terms)."""
-  rng = np.random.RandomState(3)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: jnp.asarray(rng.standard_normal(leaf.shape),
-                                     leaf.dtype)
-      if getattr(path[-1], 'key', None) == 'bias' else leaf, params)
 
 
 def _value_and_grads(layer, params, x, mask, cot):
@@ -100,11 +79,11 @@ def _value_and_grads(layer, params, x, mask, cot):
 
 def _setup(kw, causal):
   x = jax.random.normal(jax.random.PRNGKey(0), (4, LENGTH, FEATURES))
-  mask = _padding_mask(LENGTH)
+  mask = helpers.padding_mask(LENGTH)
   params = _layer('xla', causal, **kw).init(
       jax.random.PRNGKey(1), x, padding_mask=mask)['params']
   cot = jax.random.normal(jax.random.PRNGKey(2), (4, LENGTH, FEATURES))
-  return _random_biases(params), x, mask, cot
+  return helpers.random_biases(params), x, mask, cot
 
 
 @pytest.mark.parametrize('cid,kw,causal', CASES, ids=[c[0] for c in CASES])
@@ -148,7 +127,7 @@ def test_bfloat16_tracks_float32(cid, kw, causal):
 def test_mixture_average_is_the_mean_of_the_two_plans():
   ks = jax.random.split(jax.random.PRNGKey(6), 3)
   q, k, v = (jax.random.normal(s, (2, 30, HEADS, 8)) for s in ks)
-  real = _padding_mask(30)[1:3]
+  real = helpers.padding_mask(30)[1:3]
 
   def run(plan, **kw):
     return fused.axial(q, k, v, q, k, real, plan=plan, row_length=5,
@@ -325,7 +304,7 @@ def test_layer_dropout_runs_and_repeats():
                                      dropout_rate=0.2,
                                      implementation='pallas', **kw)
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 24, FEATURES))
-  mask = _padding_mask(24)[:2]
+  mask = helpers.padding_mask(24)[:2]
   variables = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)
 
   @jax.jit
@@ -351,7 +330,7 @@ def test_batch_shards_give_the_unsplit_batch_with_its_dropout_masks():
       num_heads=HEADS, qkv_features=QKV, dropout_rate=0.2,
       implementation='pallas', variant='axial', axial_plan='vertical')
   x = jax.random.normal(jax.random.PRNGKey(0), (4, 24, FEATURES))
-  mask = _padding_mask(24)
+  mask = helpers.padding_mask(24)
   params = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)['params']
 
   def run(params, x, mask, rng):

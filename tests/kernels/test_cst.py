@@ -14,20 +14,11 @@ import numpy as np
 import pytest
 
 from lra_msmra.attention import standalone
+from tests.kernels import helpers
 
 pytestmark = pytest.mark.xdist_group('kernels-cst')
 
 FEATURES, LENGTH = 32, 29
-
-
-def _mask():
-  mask = np.ones((4, LENGTH), bool)
-  mask[0, :5] = False            # leading padding,
-  mask[1, 4:9] = False           # an inner run and
-  mask[1, LENGTH - 1] = False    # a trailing position,
-  mask[2, :] = False             # no real token,
-  mask[3, 20:] = False           # trailing padding (whole slices).
-  return jnp.asarray(mask)
 
 
 def _layers(kw, **fields):
@@ -35,14 +26,6 @@ def _layers(kw, **fields):
       mechanism='cst', kw={**kw, 'implementation': impl}, use_bias=True,
       **fields)
   return make('xla'), make('pallas')
-
-
-def _random_biases(variables):
-  rng = np.random.RandomState(3)
-  return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: jnp.asarray(rng.standard_normal(leaf.shape),
-                                     leaf.dtype)
-      if getattr(path[-1], 'key', None) == 'bias' else leaf, variables)
 
 
 CASES = [
@@ -64,8 +47,8 @@ def test_pallas_equals_xla_with_gradients(cid, kw, causal):
   del cid
   xla, pallas = _layers(kw, causal=causal)
   x = jax.random.normal(jax.random.PRNGKey(0), (4, LENGTH, FEATURES))
-  mask = _mask()
-  variables = _random_biases(xla.init(jax.random.PRNGKey(1), x,
+  mask = helpers.padding_mask(LENGTH)
+  variables = helpers.random_biases(xla.init(jax.random.PRNGKey(1), x,
                                       padding_mask=mask))
   # Both implementations have the same variables.
   assert (jax.tree_util.tree_structure(variables) ==
@@ -92,7 +75,7 @@ def test_pallas_equals_xla_with_gradients(cid, kw, causal):
 def test_bfloat16_tracks_xla():
   xla, pallas = _layers({'slice_length': 8}, dtype=jnp.bfloat16)
   x = jax.random.normal(jax.random.PRNGKey(0), (4, LENGTH, FEATURES))
-  mask = _mask()
+  mask = helpers.padding_mask(LENGTH)
   variables = xla.init(jax.random.PRNGKey(1), x, padding_mask=mask)
   y = jax.jit(lambda v: pallas.apply(v, x, padding_mask=mask))(variables)
   want = jax.jit(lambda v: xla.apply(v, x, padding_mask=mask))(variables)
@@ -104,7 +87,7 @@ def test_bfloat16_tracks_xla():
 def test_dropout_inside_the_kernels():
   _, pallas = _layers({'slice_length': 4}, dropout_rate=0.3)
   x = jax.random.normal(jax.random.PRNGKey(0), (4, LENGTH, FEATURES))
-  mask = _mask()
+  mask = helpers.padding_mask(LENGTH)
   variables = pallas.init(jax.random.PRNGKey(1), x, padding_mask=mask)
   run = jax.jit(lambda v, r: pallas.apply(
       v, x, padding_mask=mask, deterministic=False, rngs={'dropout': r}))

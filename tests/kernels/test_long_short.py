@@ -21,6 +21,7 @@ import pytest
 from lra_msmra.attention import long_short as ls_attention
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import long_short as ls_kernel
+from tests.kernels import helpers
 
 pytestmark = pytest.mark.xdist_group('kernels-long_short')
 
@@ -40,21 +41,6 @@ HEADS, DIM = 2, 8
 BLOCK = 16  # Several query, key and landmark tiles.
 
 
-def _padding_mask(length):
-  """The contract tests' patterns, one per row.
-
-  Trailing third (`_inputs`); then `_padded_rows_mask`'s leading run, inner
-  run with a trailing position, and an example with no real token.
-  """
-  mask = np.ones((4, length), bool)
-  mask[0, length - length // 3:] = False
-  mask[1, :5] = False
-  mask[2, 4:9] = False
-  mask[2, length - 1] = False
-  mask[3] = False
-  return jnp.asarray(mask)
-
-
 def _length(g):
   """At least 30 positions, whole windows and chunks (as the layer pads)."""
   multiple = math.lcm(max(g.window_size, 1),
@@ -64,7 +50,7 @@ def _length(g):
 
 def _core_inputs(g, dtype=jnp.float32):
   length = _length(g)
-  mask = _padding_mask(length)
+  mask = helpers.padding_mask(length)
   batch = mask.shape[0]
   m = g.num_landmarks * (length // g.chunk_size if g.causal else 1)
   ks = jax.random.split(jax.random.PRNGKey(0), 5)
@@ -235,7 +221,7 @@ def _layers(dtype=jnp.float32, **knobs):
 
 
 def _layer_inputs():
-  mask = _padding_mask(LAYER_LENGTH)
+  mask = helpers.padding_mask(LAYER_LENGTH)
   x = jax.random.normal(jax.random.PRNGKey(3),
                         (mask.shape[0], LAYER_LENGTH, FEATURES))
   return x, mask
