@@ -75,8 +75,9 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.data.shuffle = 'examples'
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
-    # Generated curv_baseline images: the difficulty a small model learns
-    # beyond chance within minutes on a CPU (docs/runlocal.md).
+    # Generated curv_baseline images, the easiest set. A job this size
+    # checks the pipeline; it does not learn Pathfinder beyond chance
+    # (docs/runlocal.md, "Pathfinder and Path-X on generated images").
     c.data.difficulty = 'easy'
     c.data.generator.num_examples = 3000
   return c
