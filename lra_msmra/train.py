@@ -7,6 +7,12 @@ state's shardings, restore the newest readable checkpoint or initialise
 under `jit` with those shardings, then run `jit(train_step, donate_argnums=0)`. The train
 state and the step functions are `lra_msmra.steps`.
 
+The code follows that order: `_setup` (everything up to the first step),
+`_TrainLoop` (the steps, their records, validations and checkpoints),
+`_final_evaluation` (the test passes) and `run_record.RunRecord`, which
+builds results.json in one place; `run_record.RunHistory` keeps the timing
+and device history each checkpoint carries.
+
 Loop semantics (compare docs/protocol.md §4.3):
 
 * `step` counts updates done. Training batch k (0-based) is fixed by the seed
@@ -19,7 +25,8 @@ Loop semantics (compare docs/protocol.md §4.3):
   the best-validation parameters (once, when the best validation is at the
   last step); both go to `results.json`. The headline
   number is the final one under the LRA protocol, the best-validation one
-  under the Xiong et al. and CST protocols (P17).
+  under the Xiong et al. and CST protocols (P17). The test pass of the final
+  parameters also counts the test labels (the majority-class rate).
 * A non-finite loss or gradient norm stops the run with an error before any
   later checkpoint is written, so the last good checkpoint stays.
 * SIGTERM (preemption) saves a checkpoint at the current step and exits;
@@ -48,6 +55,7 @@ Loop semantics (compare docs/protocol.md §4.3):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -71,6 +79,7 @@ from lra_msmra import hardware
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import models
 from lra_msmra import provenance as provenance_lib
+from lra_msmra import run_record
 from lra_msmra import sharding
 from lra_msmra import steps as steps_lib
 from lra_msmra import validation
@@ -168,8 +177,8 @@ def num_eval_batches(source: pipeline.Source, batch_size: int,
 
 def evaluate(eval_fn: Callable[..., Any], params: Any, source: pipeline.Source,
              batch_size: int, num_steps: int, mesh: jax.sharding.Mesh,
-             label: Optional[str] = None, compiling: bool = False
-             ) -> dict[str, Any]:
+             label: Optional[str] = None, compiling: bool = False,
+             num_classes: Optional[int] = None) -> dict[str, Any]:
   """Accuracy and mean loss over `num_steps` batches (-1 = whole split).
 
   Also returns `seconds` (the whole evaluation) and `seconds_per_batch`
@@ -180,17 +189,24 @@ def evaluate(eval_fn: Callable[..., Any], params: Any, source: pipeline.Source,
     label: names the evaluation in progress lines (none without it); long
       evaluations print batches done every metrics.EVAL_PROGRESS_SECONDS.
     compiling: the first batch compiles `eval_fn`: say so and time it.
+    num_classes: also count the labels of the examples evaluated, per class
+      and over all processes (`label_counts`, the majority-class rate of a
+      split in the same pass).
   """
   start = time.time()
   total = num_eval_batches(source, batch_size, num_steps)
   progress = metrics_lib.EvalProgress(label, total) if label else None
   totals = None
   steady_start = None
+  counts = np.zeros(num_classes or 0, np.int64)
   if compiling and label:
     metrics_lib.log('Compiling the evaluation step ...')
   for i, batch in enumerate(pipeline.eval_batches(
       source, batch_size, num_steps, jax.process_index(),
       jax.process_count())):
+    if num_classes:
+      counts += np.bincount(batch['targets'][batch['weights'] > 0],
+                            minlength=num_classes)
     m = eval_fn(params, sharding.to_global(batch, mesh))
     totals = m if totals is None else jax.tree.map(jnp.add, totals, m)
     if i == 0:
@@ -209,12 +225,23 @@ def evaluate(eval_fn: Callable[..., Any], params: Any, source: pipeline.Source,
   totals = jax.device_get(totals)
   end = time.time()
   count = float(totals['count'])
-  return {'accuracy': float(totals['correct']) / count,
-          'loss': float(totals['loss_sum']) / count,
-          'examples': int(count),
-          'seconds': end - start,
-          'seconds_per_batch': ((end - steady_start) / (total - 1)
-                                if total > 1 else None)}
+  out = {'accuracy': float(totals['correct']) / count,
+         'loss': float(totals['loss_sum']) / count,
+         'examples': int(count),
+         'seconds': end - start,
+         'seconds_per_batch': ((end - steady_start) / (total - 1)
+                               if total > 1 else None)}
+  if num_classes:
+    out['label_counts'] = _sum_over_processes(counts)
+  return out
+
+
+def _sum_over_processes(counts: np.ndarray) -> np.ndarray:
+  """`counts` of every process (each holds its part of each batch), summed."""
+  if jax.process_count() == 1:
+    return counts
+  gathered = multihost_utils.process_allgather(counts.astype(np.int32))
+  return np.asarray(gathered, np.int64).sum(axis=0)
 
 
 def _check_resume_config(workdir: str, config: ml_collections.ConfigDict
@@ -394,15 +421,6 @@ class _MetricsWindow:
                         for k, v in values[-1].items()} if values else {})}
 
 
-def _previous_result(workdir: str, key: str) -> Any:
-  """`key` of the workdir's existing results.json, or None."""
-  path = os.path.join(workdir, 'results.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f).get(key)
-
-
 # ----------------------------------------------------------------- main loop
 
 
@@ -417,43 +435,6 @@ def describe_data_source(record: Mapping[str, Any], where: str) -> str:
             f'generator (seed {seed}; {where}).')
   return (f'Data: MOCK examples ({where}): a plumbing check, not comparable '
           'with any published number.')
-
-
-def learning_warnings(results: Mapping[str, Any]) -> list[str]:
-  """Warnings about what a run learned (results.json's `warnings`).
-
-  A reported test accuracy at or below the majority-class rate of the test
-  split means the run learned nothing a constant guess would not.
-  """
-  out = []
-  accuracy = results['test_accuracy']
-  majority = results.get('test_majority_rate')
-  if majority is not None and np.isfinite(majority) and accuracy <= majority:
-    out.append(
-        f'test accuracy {accuracy:.4f} ({results["reported"]} checkpoint) is '
-        f'at or below the majority-class rate {majority:.4f} (always '
-        f'predicting label {results.get("test_majority_label")}): the model '
-        'learned nothing beyond the label frequencies. Check the learning '
-        'rate, the number of steps and the data.')
-  return out
-
-
-def _throughput(results: Mapping[str, Any], progress: metrics_lib.Progress,
-                peak: Optional[hardware.Peak],
-                devices: list[Mapping[str, Any]]) -> dict[str, Any]:
-  """results.json's model TFLOP/s per device at the steady-state steps/s,
-  and its MFU where the device's peak is known and one kind of device
-  trained every step."""
-  speed = progress.throughput(results['train_steps_per_sec'])
-  out = {}
-  if 'tflops_per_device' in speed:
-    out['train_tflops_per_device'] = speed['tflops_per_device']
-  kinds = {(d.get('device_kind'), d.get('num_devices')) for d in devices}
-  if 'mfu' in speed and len(kinds) <= 1:
-    out['train_mfu'] = speed['mfu']
-    out['peak_flops_per_device'] = {'flops_per_s': peak.flops_per_s,
-                                    'source': peak.source}
-  return out
 
 
 def _evals_from(step: int, config: ml_collections.ConfigDict) -> int:
@@ -558,12 +539,105 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         launch: Optional[Mapping[str, Any]],
                         start_time: float, spec: dict[str, Any],
                         abstract: Any) -> dict[str, Any]:
-  """`train_and_evaluate` once the config is valid and the workdir locked.
+  """`train_and_evaluate` once the config is valid and the workdir locked:
+  setup, the training loop, the final evaluation and results.json.
 
   `spec` and `abstract` are the model spec and abstract train state
   `validation.trace` derived from the config alone.
   """
+  run, state = _setup(config, workdir, spec, abstract)
+  history = run_record.RunHistory(run.meta, provenance_lib.devices(run.mesh),
+                                  run.start)
+  writer = metrics_lib.Writer(os.path.join(workdir, 'tensorboard'),
+                              resume_step=run.start)
+  progress = metrics_lib.Progress(
+      config.num_train_steps, run.start,
+      flops_per_step=run.step_flops['flops'],
+      num_devices=int(run.mesh.devices.size),
+      peak_flops_per_s=run.peak.flops_per_s if run.peak else None)
+  evaluator = _Evaluator(config, run)
+  try:
+    loop = _TrainLoop(config, run, state, evaluator, writer, progress,
+                      history)
+    loop.train()
+    tests = _final_evaluation(config, workdir, run, evaluator, loop)
+  finally:
+    writer.close()
+    run.ckpt.close()
+  return run_record.RunRecord(
+      config=config, workdir=workdir, launch=launch, start_time=start_time,
+      data_notes=run.data.notes or {}, data_record=run.data_record,
+      mesh=run.mesh, num_params=run.num_params, step_flops=run.step_flops,
+      peak=run.peak, progress=progress, history=history).write(tests)
+
+
+@dataclasses.dataclass
+class _Run:
+  """What `_setup` builds for the training loop and the final evaluation.
+
+  `abstract` is the train state's shapes with their shardings; `start` the
+  step training resumes from (0 for a new run) and `meta` the resumed
+  checkpoint's meta (None for a new run).
+  """
+  mesh: jax.sharding.Mesh
+  data: pipeline.TaskData
+  data_record: dict[str, Any]
+  abstract: Any
+  ckpt: checkpoint_lib.Checkpointer
+  start: int
+  meta: Optional[dict[str, Any]]
+  num_params: int
+  jit_train_step: Any
+  jit_eval_step: Any
+  step_flops: dict[str, Any]
+  peak: Optional[hardware.Peak]
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: str,
+           spec: dict[str, Any], abstract: Any) -> tuple[_Run, Any]:
+  """Mesh, data, model, the restored or new train state, the jitted steps
+  and their FLOPs; returns the run and its train state."""
   mesh = sharding.create_mesh()
+  data, data_record = _load_data(config, workdir, spec, mesh)
+  model, tx, schedule = steps_lib.build(config, spec)
+  checkpoint_lib.write_json(os.path.join(workdir, checkpoint_lib.CONFIG_FILE),
+                            json.loads(config.to_json()))
+  checkpoint_lib.write_json(
+      os.path.join(workdir, checkpoint_lib.MODEL_SPEC_FILE), spec)
+
+  state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract)
+  abstract = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract, state_sharding)
+  ckpt = checkpoint_lib.Checkpointer(workdir, config.max_checkpoints_to_keep)
+  init_fn = functools.partial(steps_lib.create_train_state, model=model,
+                              tx=tx, batch=steps_lib.example_batch(spec))
+  start, state, meta = _restore_or_init(config, ckpt, abstract,
+                                        state_sharding, init_fn)
+  num_params = models.count_params(state.params)
+  metrics_lib.log(
+      f'{config.task} / {config.model.attention} / protocol '
+      f'{config.protocol}: {num_params:,} parameters, {mesh.devices.size} '
+      f'device(s), train {len(data.train)}, val {len(data.eval)}, test '
+      f'{len(data.test)} examples.')
+
+  jit_train_step, jit_eval_step = steps_lib.jit_steps(
+      config, model, tx, schedule, mesh, state_sharding)
+  run = _Run(
+      mesh=mesh, data=data, data_record=data_record, abstract=abstract,
+      ckpt=ckpt, start=start, meta=meta, num_params=num_params,
+      jit_train_step=jit_train_step, jit_eval_step=jit_eval_step,
+      step_flops=train_step_flops(config, spec, jit_train_step, abstract,
+                                  mesh),
+      peak=hardware.peak(mesh.devices.flat[0].device_kind, config.model.dtype))
+  return run, state
+
+
+def _load_data(config: ml_collections.ConfigDict, workdir: str,
+               spec: dict[str, Any], mesh: jax.sharding.Mesh
+               ) -> tuple[pipeline.TaskData, dict[str, Any]]:
+  """The task data and its data-source record, once the batch sizes fit
+  the mesh and a resumed run's config is the recorded one."""
   with errors.input_errors():
     sharding.check_batch_size('batch_size', config.batch_size, mesh,
                               config.grad_accum_steps)
@@ -581,276 +655,234 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         f'but the config alone gives {spec}: the task module\'s '
         '`get_model_spec` and `get_datasets` disagree (a bug; please report '
         'it with the config).')
-  model, tx, schedule = steps_lib.build(config, spec)
-  checkpoint_lib.write_json(os.path.join(workdir, checkpoint_lib.CONFIG_FILE),
-                            json.loads(config.to_json()))
-  checkpoint_lib.write_json(
-      os.path.join(workdir, checkpoint_lib.MODEL_SPEC_FILE), spec)
+  return data, data_record
 
-  init_fn = functools.partial(steps_lib.create_train_state, model=model,
-                              tx=tx, batch=steps_lib.example_batch(spec))
-  state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), abstract)
-  abstract = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-      abstract, state_sharding)
 
-  ckpt = checkpoint_lib.Checkpointer(workdir, config.max_checkpoints_to_keep)
+def _restore_or_init(config: ml_collections.ConfigDict,
+                     ckpt: checkpoint_lib.Checkpointer, abstract: Any,
+                     state_sharding: Any, init_fn: Callable[..., Any]
+                     ) -> tuple[int, Any, Optional[dict[str, Any]]]:
+  """(step, train state, meta) of the newest readable checkpoint, or
+  (0, the state initialised under `jit` from the seed, None)."""
   try:
     restored = ckpt.restore_latest(abstract)
   except checkpoint_lib.NoReadableCheckpoint as e:
     ckpt.close()
     raise errors.mark(e)
-  best = {'step': None, 'val_accuracy': -1.0, 'val_loss': None}
-  # Seconds spent training (evaluations included) before this process, and
-  # the steps and seconds of its steady-state training (see
-  # metrics.Progress) summed over the processes that trained.
-  earlier_seconds = 0.0
-  earlier_steady = (0, 0.0)
-  # Which devices trained which steps: one entry per process that trained,
-  # so a run resumed on other hardware says so (`provenance.device_history`).
-  earlier_devices: list[dict[str, Any]] = []
-  # The training metrics since the last metrics.jsonl record, as saved.
-  saved_window = None
-  if restored is not None:
-    start, state, meta = restored
-    best = meta['best']
-    saved_window = meta.get('metrics_window')
-    earlier_seconds = float(meta.get('train_seconds', 0.0))
-    earlier_steady = tuple(meta.get('steady', (0, 0.0)))
-    earlier_devices = list(meta.get('devices', []))
-    ckpt.drop_best_after(start)
-    metrics_lib.log(f'Resumed from step {start} ({ckpt.latest.directory}).')
-  else:
-    start = 0
+  if restored is None:
     state = jax.jit(init_fn, out_shardings=state_sharding)(
         jax.random.PRNGKey(config.seed))
-  num_params = models.count_params(state.params)
-  metrics_lib.log(
-      f'{config.task} / {config.model.attention} / protocol '
-      f'{config.protocol}: {num_params:,} parameters, {mesh.devices.size} '
-      f'device(s), train {len(data.train)}, val {len(data.eval)}, test '
-      f'{len(data.test)} examples.')
+    return 0, state, None
+  start, state, meta = restored
+  ckpt.drop_best_after(start)
+  metrics_lib.log(f'Resumed from step {start} ({ckpt.latest.directory}).')
+  return start, state, meta
 
-  jit_train_step, jit_eval_step = steps_lib.jit_steps(
-      config, model, tx, schedule, mesh, state_sharding)
-  step_flops = train_step_flops(config, spec, jit_train_step, abstract, mesh)
-  peak = hardware.peak(mesh.devices.flat[0].device_kind, config.model.dtype)
-  eval_compiled = False
 
-  def run_eval(params, source, num_steps, label):
-    nonlocal eval_compiled
-    result = evaluate(jit_eval_step, params, source,
-                      batch_size=config.eval_batch_size, num_steps=num_steps,
-                      mesh=mesh, label=label, compiling=not eval_compiled)
-    eval_compiled = True
+class _Evaluator:
+  """Runs `evaluate` with the run's jitted evaluation step (the first call
+  compiles it) and keeps the measured evaluation speed for the ETA."""
+
+  def __init__(self, config: ml_collections.ConfigDict, run: _Run):
+    self._config = config
+    self._run = run
+    self._compiled = False
+    # Seconds per evaluation batch, once measured: the ETA's evaluation part.
+    self._batch_seconds: Optional[float] = None
+    self._val_batches = num_eval_batches(
+        run.data.eval, config.eval_batch_size, config.num_eval_steps)
+    self._test_batches = num_eval_batches(run.data.test,
+                                          config.eval_batch_size, -1)
+
+  def __call__(self, params: Any, source: pipeline.Source, num_steps: int,
+               label: str, **kwargs: Any) -> dict[str, Any]:
+    result = evaluate(self._run.jit_eval_step, params, source,
+                      batch_size=self._config.eval_batch_size,
+                      num_steps=num_steps, mesh=self._run.mesh, label=label,
+                      compiling=not self._compiled, **kwargs)
+    self._compiled = True
     return result
 
-  # Seconds per evaluation batch, once measured: the ETA's evaluation part.
-  eval_batch_seconds = None
-  val_batches = num_eval_batches(data.eval, config.eval_batch_size,
-                                 config.num_eval_steps)
-  test_batches = num_eval_batches(data.test, config.eval_batch_size, -1)
+  def validate(self, params: Any, step: int) -> dict[str, Any]:
+    """The validation at `step`; its speed becomes the ETA's."""
+    result = self(params, self._run.data.eval, self._config.num_eval_steps,
+                  f'validation at step {step}')
+    if result['seconds_per_batch'] is not None:
+      self._batch_seconds = result['seconds_per_batch']
+    return result
 
-  def eval_seconds_left(step: int) -> Optional[float]:
-    if eval_batch_seconds is None:
+  def seconds_left(self, step: int) -> Optional[float]:
+    """Evaluation seconds from `step` on (None until a speed is measured):
+    the validations, then the two test evaluations (one if the best
+    validation turns out to be the last)."""
+    if self._batch_seconds is None:
       return None
-    # The validations from this step on, then the two test evaluations
-    # (one if the best validation turns out to be the last).
-    batches = (_evals_from(step, config) * val_batches +
-               2 * test_batches)
-    return batches * eval_batch_seconds
+    batches = (_evals_from(step, self._config) * self._val_batches +
+               2 * self._test_batches)
+    return batches * self._batch_seconds
 
-  train_batches = pipeline.TrainBatches(
-      data.train, config.batch_size, config.seed, jax.process_index(),
-      jax.process_count())
-  writer = metrics_lib.Writer(os.path.join(workdir, 'tensorboard'),
-                              resume_step=start)
-  progress = metrics_lib.Progress(
-      config.num_train_steps, start, flops_per_step=step_flops['flops'],
-      num_devices=int(mesh.devices.size),
-      peak_flops_per_s=peak.flops_per_s if peak else None)
-  loop_start = time.time()
-  window = _MetricsWindow(saved_window)
-  if (restored is not None and saved_window is None and
-      start % config.log_every_steps):
-    # A checkpoint written before the window was saved with it.
-    window_partial_from = start
-  else:
-    window_partial_from = None
-  last_saved = start if restored is not None else None
-  ckpt_dir = str(ckpt.latest.directory)
-  last_val = None
 
-  # Steady-state (steps, seconds) up to the last checkpoint, this process's
-  # included: what the checkpoint carries and the results report.
-  saved_steady = earlier_steady
+class _TrainLoop:
+  """The training steps from the resumed one to the last, with their
+  metrics.jsonl records and progress lines, validations, best-validation
+  checkpoints and checkpoints (see the module docstring)."""
 
-  this_device = provenance_lib.devices(mesh)
-  saved_devices = earlier_devices
+  def __init__(self, config: ml_collections.ConfigDict, run: _Run,
+               state: Any, evaluator: _Evaluator,
+               writer: metrics_lib.Writer, progress: metrics_lib.Progress,
+               history: run_record.RunHistory):
+    self.config = config
+    self.run = run
+    self.state = state
+    self.evaluator = evaluator
+    self.writer = writer
+    self.progress = progress
+    self.history = history
+    self.batches = pipeline.TrainBatches(
+        run.data.train, config.batch_size, config.seed, jax.process_index(),
+        jax.process_count())
+    resumed = run.meta is not None
+    self.best = (run.meta['best'] if resumed else
+                 {'step': None, 'val_accuracy': -1.0, 'val_loss': None})
+    # The training metrics since the last metrics.jsonl record, as saved.
+    saved_window = run.meta.get('metrics_window') if resumed else None
+    self.window = _MetricsWindow(saved_window)
+    # A checkpoint written before the window was saved with it: the steps
+    # before it are missing from the first record.
+    self.partial_window = bool(resumed and saved_window is None and
+                               run.start % config.log_every_steps)
+    self.last_saved = run.start if resumed else None
+    self.ckpt_dir = str(run.ckpt.latest.directory)
+    self.last_val: Optional[dict[str, Any]] = None  # This process's last.
 
-  def save(step: int) -> None:
-    nonlocal last_saved, saved_steady, saved_devices
-    steps, seconds = progress.steady(step)
-    saved_steady = (earlier_steady[0] + steps, earlier_steady[1] + seconds)
-    saved_devices = provenance_lib.extend_history(
-        earlier_devices, this_device, start, step)
-    meta = {'step': step, 'best': best,
-            'train_seconds': earlier_seconds + time.time() - loop_start,
-            'steady': saved_steady, 'devices': saved_devices,
-            'metrics_window': window.state(),
-            'data_position': {'next_train_batch': step, 'seed': config.seed,
-                              'examples_consumed': step * config.batch_size}}
-    # The metrics of `step` reach the disk before its checkpoint does.
-    writer.flush()
-    ckpt.save(step, state, meta)
-    last_saved = step
-
-  try:
+  def train(self) -> None:
+    """Runs the steps; raises `Preempted` once a stop signal's checkpoint
+    is saved."""
+    config = self.config
+    self.history.start()
     with _SigtermFlag() as sigterm:
-      for k in range(start, config.num_train_steps):
-        batch = sharding.to_global(train_batches.get(k), mesh)
-        if k == start:
-          metrics_lib.log('Compiling the training step ...')
-          compile_start = time.time()
-        state, m = jit_train_step(state, batch)
+      for k in range(self.run.start, config.num_train_steps):
+        self._step(k)
         step = k + 1
-        if k == start:
-          # The call returns once compiled; the step itself runs after.
-          compile_seconds = time.time() - compile_start
-          jax.block_until_ready(m)
-          metrics_lib.log(f'Compiled the training step in '
-                          f'{compile_seconds:.1f} s; training.')
-          progress.compiled(step)
-        window.add(k, m)
-        # At most two steps in flight: enough to keep the device busy, and a
-        # SIGTERM (preemption) is answered within a step or two instead of
-        # after every queued step.
-        if len(window.items) > 1:
-          jax.block_until_ready(window.items[-2][1])
         is_last = step == config.num_train_steps
         stop = sigterm.should_stop(step)
         do_eval = step % config.eval_every_steps == 0 or is_last
         do_ckpt = step % config.checkpoint_every_steps == 0 or is_last
         do_log = step % config.log_every_steps == 0 or is_last
         if do_log or do_eval or do_ckpt or stop:
-          window.check(last_saved, ckpt_dir)
+          self.window.check(self.last_saved, self.ckpt_dir)
           if do_log:
-            steps_averaged = len(window.host)
-            summary = window.take()
-            rate = progress.update(step, summary, eval_seconds_left(step))
-            if rate is not None:
-              summary['steps_per_sec'] = rate
-              summary.update(progress.throughput(rate))
-            if window_partial_from is not None:
-              # Steps before the resumed checkpoint are missing from it.
-              summary['partial_window_steps'] = steps_averaged
-              window_partial_from = None
-            writer.write(step, {f'train/{n}': v for n, v in summary.items()})
-        if not do_log and progress.early_due(step):
-          window.check(last_saved, ckpt_dir)
-          progress.note(step, window.summary(), eval_seconds_left(step))
+            self._record(step)
+        if not do_log and self.progress.early_due(step):
+          self.window.check(self.last_saved, self.ckpt_dir)
+          self.progress.note(step, self.window.summary(),
+                             self.evaluator.seconds_left(step))
         if do_eval:
-          last_val = run_eval(state.params, data.eval, config.num_eval_steps,
-                              f'validation at step {step}')
-          progress.exclude(last_val['seconds'])
-          if last_val['seconds_per_batch'] is not None:
-            eval_batch_seconds = last_val['seconds_per_batch']
-          writer.write(step, {'val/accuracy': last_val['accuracy'],
-                              'val/loss': last_val['loss']})
-          metrics_lib.log(f'step {step}: val accuracy {last_val["accuracy"]:.4f}'
-                          f', loss {last_val["loss"]:.4f}')
-          if last_val['accuracy'] > best['val_accuracy']:
-            best = {'step': step, 'val_accuracy': last_val['accuracy'],
-                    'val_loss': last_val['loss']}
-            ckpt.save_best(step, state.params, best)
-        writer.flush()
+          self._validate(step)
+        self.writer.flush()
         if do_ckpt or stop:
-          save(step)
+          self._save(step)
         if stop and not is_last:
-          ckpt.wait()
-          metrics_lib.log(f'{sigterm.name}: saved step {step} in {ckpt_dir}; '
-                          'rerun the same command to resume.')
+          self.run.ckpt.wait()
+          metrics_lib.log(f'{sigterm.name}: saved step {step} in '
+                          f'{self.ckpt_dir}; rerun the same command to '
+                          'resume.')
           raise Preempted(step, sigterm.signum)
-    ckpt.wait()
-    train_seconds = earlier_seconds + time.time() - loop_start
-    steady_steps, steady_seconds = saved_steady  # The last step's save.
+    self.run.ckpt.wait()
+    self.history.stop()
 
-    if last_val is None:  # Resumed after the last step: evaluate again.
-      last_val = run_eval(state.params, data.eval, config.num_eval_steps,
-                          'validation')
-    final_step = int(jax.device_get(state.step))
-    final_test = run_eval(state.params, data.test, -1,
-                          'test, final parameters')
-    best_restored = ckpt.restore_best(abstract.params)
-    if best_restored is None:
-      raise RuntimeError(f'No best-validation checkpoint in {workdir}/best.')
-    best_step, best_params, _ = best_restored
-    if best_step == final_step:
-      # Saved from the final parameters at this step: the same test pass.
-      best_test = final_test
-    else:
-      best_test = run_eval(best_params, data.test, -1,
-                           'test, best-validation parameters')
-  finally:
-    writer.close()
-    ckpt.close()
+  def _step(self, k: int) -> None:
+    """Training step k + 1; the first one of the process compiles."""
+    batch = sharding.to_global(self.batches.get(k), self.run.mesh)
+    first = k == self.run.start
+    if first:
+      metrics_lib.log('Compiling the training step ...')
+      compile_start = time.time()
+    self.state, m = self.run.jit_train_step(self.state, batch)
+    if first:
+      # The call returns once compiled; the step itself runs after.
+      compile_seconds = time.time() - compile_start
+      jax.block_until_ready(m)
+      metrics_lib.log(f'Compiled the training step in '
+                      f'{compile_seconds:.1f} s; training.')
+      self.progress.compiled(k + 1)
+    self.window.add(k, m)
+    # At most two steps in flight: enough to keep the device busy, and a
+    # SIGTERM (preemption) is answered within a step or two instead of
+    # after every queued step.
+    if len(self.window.items) > 1:
+      jax.block_until_ready(self.window.items[-2][1])
 
-  labels = np.concatenate([
-      b['targets'][b['weights'] > 0]
-      for b in pipeline.eval_batches(data.test, config.eval_batch_size)])
-  majority_label, majority = pipeline.majority_rate(labels)
-  reported = 'final' if config.protocol == 'lra' else 'best'
-  config_dict = json.loads(config.to_json())
-  run_setting = fingerprint_lib.setting(config_dict, data_record)
-  results = {
-      'task': config.task, 'attention': config.model.attention,
-      'protocol': config.protocol, 'num_params': num_params,
-      'final': {'step': final_step, 'val_accuracy': last_val['accuracy'],
-                'val_loss': last_val['loss'],
-                'test_accuracy': final_test['accuracy'],
-                'test_loss': final_test['loss']},
-      'best': {'step': best_step, 'val_accuracy': best['val_accuracy'],
-               'val_loss': best['val_loss'],
-               'test_accuracy': best_test['accuracy'],
-               'test_loss': best_test['loss']},
-      'reported': reported,
-      'test_accuracy': (final_test if reported == 'final' else
-                        best_test)['accuracy'],
-      'test_examples': final_test['examples'],
-      'test_majority_label': majority_label,
-      'test_majority_rate': majority,
-      # Steady-state training speed over every process that trained (their
-      # steps after the first, which waits for the compilation, divided by
-      # their time, evaluations excluded; the checkpoints carry the sums);
-      # train_seconds below is the whole loop, evaluations included. None if
-      # no such step was timed; a re-run that trained no step and finds no
-      # sums in its checkpoint keeps the figure measured before.
-      'train_steps_per_sec': (
-          steady_steps / steady_seconds if steady_steps else
-          _previous_result(workdir, 'train_steps_per_sec')),
-      'num_devices': int(mesh.devices.size),
-      # Model FLOPs of one training step (all devices; `train_step_flops`).
-      'train_flops_per_step': step_flops['flops'],
-      'train_flops_notes': step_flops['notes'],
-      'data_notes': data.notes or {},
-      'data_source': data_record,
-      'setting_fingerprint': fingerprint_lib.fingerprint(run_setting),
-      'launch': dict(launch or {}),
-      'provenance': dict(provenance_lib.collect(mesh),
-                         device_history=saved_devices),
-      'train_seconds': train_seconds,
-      'wall_seconds': time.time() - start_time,
-      'config': config_dict,
-  }
-  results.update(_throughput(results, progress, peak, saved_devices))
-  results['warnings'] = learning_warnings(results)
-  checkpoint_lib.write_json(os.path.join(workdir, 'results.json'), results)
-  metrics_lib.log(
-      f'Test accuracy ({reported} checkpoint, step '
-      f'{results[reported]["step"]}): {results["test_accuracy"]:.4f} '
-      f'(final {final_test["accuracy"]:.4f}, best-validation '
-      f'{best_test["accuracy"]:.4f}; majority-class rate {majority:.4f}). '
-      f'Results: {os.path.join(workdir, "results.json")}')
-  for warning in results['warnings']:
-    metrics_lib.log(f'WARNING: {warning}')
-  return results
+  def _record(self, step: int) -> None:
+    """The training record of `step` (metrics.jsonl, TensorBoard) and its
+    progress line."""
+    steps_averaged = len(self.window.host)
+    summary = self.window.take()
+    rate = self.progress.update(step, summary,
+                                self.evaluator.seconds_left(step))
+    if rate is not None:
+      summary['steps_per_sec'] = rate
+      summary.update(self.progress.throughput(rate))
+    if self.partial_window:
+      summary['partial_window_steps'] = steps_averaged
+      self.partial_window = False
+    self.writer.write(step, {f'train/{n}': v for n, v in summary.items()})
+
+  def _validate(self, step: int) -> None:
+    """Validates at `step`; a new best validation is checkpointed."""
+    val = self.last_val = self.evaluator.validate(self.state.params, step)
+    self.progress.exclude(val['seconds'])
+    self.writer.write(step, {'val/accuracy': val['accuracy'],
+                             'val/loss': val['loss']})
+    metrics_lib.log(f'step {step}: val accuracy {val["accuracy"]:.4f}'
+                    f', loss {val["loss"]:.4f}')
+    if val['accuracy'] > self.best['val_accuracy']:
+      self.best = {'step': step, 'val_accuracy': val['accuracy'],
+                   'val_loss': val['loss']}
+      self.run.ckpt.save_best(step, self.state.params, self.best)
+
+  def _save(self, step: int) -> None:
+    """Checkpoints `step`: the state, the best validation, the timing and
+    device history, the metrics of the record in progress and the data
+    position."""
+    config = self.config
+    meta = {'step': step, 'best': self.best,
+            **self.history.checkpoint(step, self.progress),
+            'metrics_window': self.window.state(),
+            'data_position': {'next_train_batch': step, 'seed': config.seed,
+                              'examples_consumed': step * config.batch_size}}
+    # The metrics of `step` reach the disk before its checkpoint does.
+    self.writer.flush()
+    self.run.ckpt.save(step, self.state, meta)
+    self.last_saved = step
+
+
+def _final_evaluation(config: ml_collections.ConfigDict, workdir: str,
+                      run: _Run, evaluator: _Evaluator, loop: _TrainLoop
+                      ) -> run_record.FinalEvaluation:
+  """Tests the final and the best-validation parameters: once, when they
+  are those of the same step. The test pass of the final parameters also
+  counts the test labels (the majority-class rate)."""
+  data, state = run.data, loop.state
+  last_val = loop.last_val
+  if last_val is None:  # Resumed after the last step: evaluate again.
+    last_val = evaluator(state.params, data.eval, config.num_eval_steps,
+                         'validation')
+  final_step = int(jax.device_get(state.step))
+  final_test = evaluator(state.params, data.test, -1,
+                         'test, final parameters',
+                         num_classes=data.num_classes)
+  best_restored = run.ckpt.restore_best(run.abstract.params)
+  if best_restored is None:
+    raise RuntimeError(f'No best-validation checkpoint in {workdir}/best.')
+  best_step, best_params, _ = best_restored
+  if best_step == final_step:
+    # Saved from the final parameters at this step: the same test pass.
+    best_test = final_test
+  else:
+    best_test = evaluator(best_params, data.test, -1,
+                          'test, best-validation parameters')
+  return run_record.FinalEvaluation(
+      final_step=final_step, final_val=last_val, final_test=final_test,
+      best_step=best_step, best=loop.best, best_test=best_test,
+      label_counts=final_test['label_counts'])

@@ -72,6 +72,9 @@ def assert_same_run(a, b, rtol=0.0):
     assert ra[key]['step'] == rb[key]['step']
     np.testing.assert_allclose(ra[key]['test_accuracy'],
                                rb[key]['test_accuracy'])
+  # Counted during the test pass, each process its part of each batch.
+  for key in ('test_examples', 'test_majority_label', 'test_majority_rate'):
+    assert ra[key] == rb[key]
 
 
 STEPS = 12

@@ -21,6 +21,7 @@ from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
 from lra_msmra import hardware
 from lra_msmra import metrics as metrics_lib
+from lra_msmra import run_record
 from lra_msmra import sharding
 from lra_msmra import steps
 from lra_msmra import train
@@ -120,16 +121,16 @@ def test_mfu_in_results_needs_a_known_peak_and_one_kind_of_device():
                                   peak_flops_per_s=4e12)
   peak = hardware.Peak(4e12, 1e12, 'a datasheet')
   h100 = {'device_kind': 'NVIDIA H100', 'num_devices': 2}
-  out = train._throughput({'train_steps_per_sec': 1.0}, progress, peak,  # pylint: disable=protected-access
-                          [h100, h100])
+  out = run_record.throughput({'train_steps_per_sec': 1.0}, progress, peak,
+                              [h100, h100])
   assert out == {'train_tflops_per_device': 2.0, 'train_mfu': 0.5,
                  'peak_flops_per_device': {'flops_per_s': 4e12,
                                            'source': 'a datasheet'}}
-  out = train._throughput({'train_steps_per_sec': 1.0}, progress, peak,  # pylint: disable=protected-access
-                          [h100, {'device_kind': 'cpu', 'num_devices': 1}])
+  out = run_record.throughput({'train_steps_per_sec': 1.0}, progress, peak,
+                              [h100, {'device_kind': 'cpu', 'num_devices': 1}])
   assert out == {'train_tflops_per_device': 2.0}
-  assert train._throughput({'train_steps_per_sec': None}, progress, peak,  # pylint: disable=protected-access
-                           [h100]) == {}
+  assert run_record.throughput({'train_steps_per_sec': None}, progress, peak,
+                               [h100]) == {}
 
 
 def test_the_test_split_is_evaluated_once_when_the_best_is_the_last(
@@ -142,15 +143,44 @@ def test_the_test_split_is_evaluated_once_when_the_best_is_the_last(
     return evaluate(*args, label=label, **kwargs)
 
   monkeypatch.setattr(train, 'evaluate', recording)
+  passes = []
+  eval_batches = pipeline.eval_batches
+
+  def counting(source, *args, **kwargs):
+    passes.append(len(source))
+    return eval_batches(source, *args, **kwargs)
+
+  monkeypatch.setattr(pipeline, 'eval_batches', counting)
   # One validation, at the last step: the best-validation parameters are the
   # final ones.
   config = helpers.tiny_listops_config(num_train_steps=2, eval_every_steps=2)
   train.train_and_evaluate(config, str(tmp_path))
   assert labels == ['validation at step 2', 'test, final parameters']
+  # One pass over each split: the test pass counts the labels too.
+  assert len(passes) == 2
   on_disk = json.load(open(tmp_path / 'results.json'))
   assert on_disk['best']['step'] == on_disk['final']['step'] == 2
   for key in ('test_accuracy', 'test_loss'):
     assert on_disk['best'][key] == on_disk['final'][key]
+
+
+def test_the_majority_class_comes_from_the_test_pass(finished_run):
+  """results.json's majority class and rate, counted during the test pass
+  of the final parameters, are those of the test split's labels."""
+  config, workdir, _ = finished_run
+  on_disk = json.load(open(os.path.join(workdir, 'results.json')))
+  data = data_lib.get_datasets(config, workdir)
+  labels = np.concatenate([b['targets'][b['weights'] > 0]
+                           for b in pipeline.eval_batches(data.test, 8)])
+  assert (on_disk['test_majority_label'],
+          on_disk['test_majority_rate']) == pipeline.majority_rate(labels)
+  # Ties go to the smallest label, as in `pipeline.majority_rate`.
+  for labels in ([2, 2, 0, 0, 1], [3], [1, 0]):
+    counts = np.bincount(np.asarray(labels), minlength=4)
+    assert run_record.majority_class(counts) == pipeline.majority_rate(
+        np.asarray(labels))
+  label, rate = run_record.majority_class(np.zeros(4, np.int64))
+  assert label == 0 and np.isnan(rate)
 
 
 def _metrics(workdir):
@@ -161,12 +191,12 @@ def _metrics(workdir):
 def test_learning_warnings():
   results = {'test_accuracy': 0.46, 'test_majority_rate': 0.54,
              'test_majority_label': 1, 'reported': 'final'}
-  [warning] = train.learning_warnings(results)
+  [warning] = run_record.learning_warnings(results)
   assert '0.4600' in warning and 'majority-class rate 0.5400' in warning
   results['test_accuracy'] = 0.54  # At the majority rate: still nothing.
-  assert len(train.learning_warnings(results)) == 1
+  assert len(run_record.learning_warnings(results)) == 1
   results['test_accuracy'] = 0.60
-  assert not train.learning_warnings(results)
+  assert not run_record.learning_warnings(results)
 
 
 def _evaluate(model, params, source, batch_size=8):
