@@ -5,6 +5,19 @@ print that meets it marks stdout closed (`stdout_closed`), points the file
 descriptor at /dev/null so that nothing else fails on it, and sends the
 trainer's later messages (`log`) to stderr; the trainer then saves and
 stops as on SIGTERM.
+
+Why not CLU's `periodic_actions.ReportProgress` and `metric_writers` (the
+flax examples' choice): ReportProgress's steps/s is the wall time between
+two reports, the compiling first step and the evaluations inside it, and
+its ETA is the steps left at that rate; `Progress` leaves both out and adds
+the evaluations left at their measured speed. Run locally, ReportProgress's
+note (steps/s, percent done, ETA) and the default writer's scalars go to
+absl INFO logging, which a run hides without `--verbose`, and nothing there
+gives a long evaluation's batches done (`EvalProgress`) or the early lines
+of a slow start. CLU's writers keep no JSON-lines copy; `Writer` keeps
+metrics.jsonl, dropping the records of the steps after the checkpoint a run
+resumes from, so that it holds each step once, as an uninterrupted run
+writes it.
 """
 
 from __future__ import annotations
