@@ -753,7 +753,8 @@ class _TrainLoop:
                                run.start % config.log_every_steps)
     self.last_saved = run.start if resumed else None
     self.ckpt_dir = str(run.ckpt.latest.directory)
-    self.last_val: Optional[dict[str, Any]] = None  # This process's last.
+    # The last validation this process ran (None: it trained no step).
+    self.last_val: Optional[dict[str, Any]] = None
 
   def train(self) -> None:
     """Runs the steps; raises `Preempted` once a stop signal's checkpoint
