@@ -55,11 +55,6 @@ def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
   optim.check_config(config.optimizer, config.schedule,
                      config.num_train_steps)
   spec = data_lib.get_model_spec(config)
-  if not config_lib.is_int(spec['max_len']) or spec['max_len'] < 1:
-    raise ValueError(
-        f'config.data of task {config.task!r} gives an input length of '
-        f"{spec['max_len']!r}; set config.data.max_length (or the task's "
-        'length key) to a positive integer.')
   model, tx, _ = steps.build(config, spec)
   init = functools.partial(steps.create_train_state, model=model, tx=tx,
                            batch=steps.example_batch(spec))

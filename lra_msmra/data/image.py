@@ -36,7 +36,7 @@ config.data keys:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -120,7 +120,7 @@ def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   return examples
 
 
-def _source(split: dict[str, np.ndarray], spec: str, length: int
+def _source(split: dict[str, np.ndarray], spec: str, max_len: int
             ) -> pipeline.ArraySource:
   images = split['image']
   labels = pipeline.check_labels(split['label'], NUM_CLASSES,
@@ -129,21 +129,24 @@ def _source(split: dict[str, np.ndarray], spec: str, length: int
     raise ValueError(f'{TFDS_NAME} {spec}: expected images [n, {SIDE}, '
                      f'{SIDE}, 3], got {images.shape}.')
   tokens = pipeline.pad_or_truncate(
-      rgb_to_grayscale(images).reshape(len(images), SIDE * SIDE), length,
+      rgb_to_grayscale(images).reshape(len(images), SIDE * SIDE), max_len,
       np.uint8)
   return pipeline.ArraySource({'inputs': tokens, 'targets': labels})
 
 
-def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
+def get_datasets(config: Any, workdir: str,
+                 spec: Optional[Mapping[str, Any]] = None
+                 ) -> pipeline.TaskData:
   """The CIFAR-10 splits for `config` (module docstring); TFDS keeps its
-  files, so `workdir` is not used."""
+  files, so `workdir` is not used. `spec` is `get_model_spec(config)` if
+  the caller has it (see `pipeline.Task.begin`)."""
   del workdir
-  source, length = TASK.begin(config)
+  source, spec = TASK.begin(config, spec)
   data, origin = tfds_io.load_or_mock(
       TFDS_NAME, tuple(SPLITS.values()), ('image', 'label'), config,
       lambda: _mock_examples(config.data.generator))
-  splits = {name: _source(data[spec], spec, length)
-            for name, spec in SPLITS.items()}
+  splits = {name: _source(data[split], split, spec['max_len'])
+            for name, split in SPLITS.items()}
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,
                                       BATCH_SHUFFLE_WINDOW)
   zero = float(np.mean(splits['test'].arrays['inputs'] == 0))
@@ -156,6 +159,5 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
       **pipeline.fidelity_notes(config, train.train_shuffle),
   }
   return pipeline.TaskData(
-      train=train, eval=splits['eval'], test=splits['test'],
-      num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
+      train=train, eval=splits['eval'], test=splits['test'], spec=spec,
       notes=notes)

@@ -34,10 +34,11 @@ import os
 import random
 import sys
 import time
-from typing import Any, Union
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from lra_msmra import config_lib
 from lra_msmra.data import pipeline
 
 MIN, MAX, MED, SUM_MOD = '[MIN', '[MAX', '[MED', '[SM'
@@ -54,64 +55,7 @@ NUM_CLASSES = 10
 SPLITS = ('train', 'val', 'test')
 HEADER = ['Source', 'Target']
 
-Tree = Union[int, str, tuple]
-
 # ----------------------------------------------------------------- generator
-
-
-def generate_tree(rng: random.Random, depth: int, max_depth: int,
-                  max_args: int) -> tuple[Tree, int]:
-  """Samples a tree as LRA does; returns (tree, token length).
-
-  The order of random draws follows LRA exactly: random() (only below
-  max_depth), then either choice(values), or randint(2, max_args), the
-  children in order, and finally choice(operators).
-  """
-  r = rng.random() if depth < max_depth else 1.0
-  if r > VALUE_P:
-    return rng.choice(VALUES), 1
-  num_children = rng.randint(2, max_args)
-  children, length = [], 2
-  for _ in range(num_children):
-    child, child_len = generate_tree(rng, depth + 1, max_depth, max_args)
-    children.append(child)
-    length += child_len
-  tree: Tree = (rng.choice(OPERATORS), children[0])
-  for child in children[1:]:
-    tree = (tree, child)
-  return (tree, END), length
-
-
-def to_string(tree: Tree) -> str:
-  """Fully parenthesised form: every pair (a, b) is written `( a b )`."""
-  if isinstance(tree, tuple):
-    return f'( {to_string(tree[0])} {to_string(tree[1])} )'
-  return str(tree)
-
-
-def _apply(op: str, args: list[int]) -> int:
-  if op == MIN:
-    return min(args)
-  if op == MAX:
-    return max(args)
-  if op == MED:
-    return int(np.median(args))
-  if op == SUM_MOD:
-    return sum(args) % 10
-  raise ValueError(f'Unknown operator {op!r}.')
-
-
-def to_value(tree: Tree) -> Any:
-  """Label of a tree by LRA's left fold; partial applications are tuples."""
-  if not isinstance(tree, tuple):
-    return tree
-  left, right = tree
-  if left in OPERATORS:
-    return ('partial', left, [to_value(right)])
-  left = to_value(left)
-  if right == END:
-    return _apply(left[1], left[2])
-  return ('partial', left[1], left[2] + [to_value(right)])
 
 
 def _median(args: list[int]) -> int:
@@ -122,13 +66,18 @@ def _median(args: list[int]) -> int:
 
 
 def _tree_sampler(rng: random.Random, max_depth: int, max_args: int):
-  """A sampler that draws exactly as `generate_tree` and returns, in one pass,
-  (serialised string, label, token length) instead of the tree.
+  """A sampler that draws exactly as LRA's tree sampler and returns, in one
+  pass, (serialised string, label, token length) instead of the tree.
 
-  It calls `rng.random` and `rng.getrandbits` in the order `random.Random`'s
-  own `choice`/`randint` would (both reduce to `_randbelow`: draw
+  LRA draws random() (only below max_depth), then either choice(values), or
+  randint(2, max_args), the children in order, and finally
+  choice(operators); it writes every pair (a, b) of its nested-pair tree as
+  `( a b )` and labels the tree by a left fold. This sampler calls
+  `rng.random` and `rng.getrandbits` in the order `random.Random`'s own
+  `choice`/`randint` would (both reduce to `_randbelow`: draw
   `n.bit_length()` bits until the value is below n), so a seed gives the same
-  examples as the tree-based reference, about five times faster. A test
+  examples as a tree-based reference written as LRA's code reads
+  (tests/data/listops_reference.py), about five times faster. A test
   compares the two over many seeds and settings.
   """
   draw = rng.random
@@ -170,9 +119,9 @@ def generate_examples(num_examples: int, *, min_length: int = 500,
                       ) -> list[tuple[str, int]]:
   """Distinct (source, label) pairs with min_length < length < max_length.
 
-  Trees are drawn as `generate_tree` draws them and kept in sampling order;
-  a tree is identified by its serialisation, which `to_string` makes
-  one-to-one.
+  Trees are drawn as LRA draws them (`_tree_sampler`) and kept in sampling
+  order; a tree is identified by its serialisation, which is one-to-one
+  (fully parenthesised).
   """
   if min_length + 1 >= max_length:
     raise ValueError(f'min_length={min_length} leaves no length below '
@@ -189,22 +138,6 @@ def generate_examples(num_examples: int, *, min_length: int = 500,
       raise ValueError('No tree fits the length band; widen '
                        'min_length/max_length or raise max_depth.')
   return list(examples.items())
-
-
-def reference_examples(num_examples: int, *, min_length: int = 500,
-                       max_length: int = 2000, max_depth: int = 10,
-                       max_args: int = 10, seed: int = 0
-                       ) -> list[tuple[str, int]]:
-  """`generate_examples` written as LRA's algorithm reads: build each tree
-  with `generate_tree`, then `to_string` and `to_value`. Slow; tests check
-  that the fast path gives the same list."""
-  rng = random.Random(seed)
-  trees: dict[Tree, None] = {}
-  while len(trees) < num_examples:
-    tree, length = generate_tree(rng, 1, max_depth, max_args)
-    if min_length < length < max_length:
-      trees[tree] = None
-  return [(to_string(t), int(to_value(t))) for t in trees]
 
 
 def write_tsv(path: str, rows: list[tuple[str, int]]) -> None:
@@ -354,10 +287,6 @@ def read_tsv(path: str, max_length: int = 2000
 
 def _check_data(data: Any) -> None:
   """ListOps's own checks of config.data: file prefix and generator."""
-
-  def is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
   if not isinstance(data.task_name, str) or not data.task_name:
     raise ValueError(f'config.data.task_name={data.task_name!r} must be the '
                      "file prefix of the TSVs, e.g. 'basic'.")
@@ -365,17 +294,18 @@ def _check_data(data: Any) -> None:
   for key, low in (('num_train', 1), ('num_valid', 1), ('num_test', 1),
                    ('min_length', 0), ('max_depth', 1), ('max_args', 2),
                    ('seed', 0)):
-    if not is_int(gen[key]) or gen[key] < low:
+    if not config_lib.is_int(gen[key]) or gen[key] < low:
       raise ValueError(f'config.data.generator.{key}={gen[key]!r} must be an '
                        f'integer >= {low}.')
-  if not is_int(gen.max_length) or gen.max_length <= gen.min_length + 1:
+  if (not config_lib.is_int(gen.max_length) or
+      gen.max_length <= gen.min_length + 1):
     raise ValueError(
         f'config.data.generator.max_length={gen.max_length!r} must be an '
         f'integer above min_length + 1 = {gen.min_length + 1} (both bounds '
         'are exclusive).')
   # Generated expressions have at most generator.max_length - 1 tokens; the
   # reader rejects any longer than data.max_length (checked after this).
-  if (data.generate and is_int(data.max_length) and
+  if (data.generate and config_lib.is_int(data.max_length) and
       gen.max_length - 1 > data.max_length):
     raise ValueError(
         f'config.data.generator.max_length={gen.max_length} allows '
@@ -408,13 +338,17 @@ def _generated_dir(config: Any, workdir: str) -> str:
   return out
 
 
-def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
+def get_datasets(config: Any, workdir: str,
+                 spec: Optional[Mapping[str, Any]] = None
+                 ) -> pipeline.TaskData:
   """The ListOps splits for `config` (see the module docstring).
 
   With `config.data.generate`, a dataset is generated from
   `config.data.generator` into `<workdir>/data/listops` (once) and read back.
+  `spec` is `get_model_spec(config)` if the caller has it (see
+  `pipeline.Task.begin`).
   """
-  source, length = TASK.begin(config)
+  source, spec = TASK.begin(config, spec)
   if source == 'generated':
     data_dir = _generated_dir(config, workdir)
   else:
@@ -424,7 +358,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     path = split_path(data_dir, config.data.task_name, split)
     ids, labels[split] = read_tsv(path, config.data.max_length)
     splits[split] = pipeline.ArraySource({
-        'inputs': pipeline.pad_or_truncate(ids, length, np.uint8),
+        'inputs': pipeline.pad_or_truncate(ids, spec['max_len'], np.uint8),
         'targets': labels[split]})
   # Files our generator wrote carry its stamp, wherever they were written.
   stamp = read_stamp(data_dir)
@@ -435,8 +369,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     notes['generator'] = TASK.generator_settings(stamp['settings'])
   return pipeline.TaskData(
       train=splits['train'], eval=splits['val'], test=splits['test'],
-      num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
-      notes=notes)
+      spec=spec, notes=notes)
 
 
 def split_path(data_dir: str, task_name: str, split: str) -> str:

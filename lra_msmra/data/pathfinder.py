@@ -79,10 +79,11 @@ import struct
 import sys
 import time
 import zlib
-from typing import Any, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
 
+from lra_msmra import config_lib
 from lra_msmra.data import pathfinder_generator
 from lra_msmra.data import pipeline
 
@@ -403,7 +404,7 @@ def generate_dataset(root: str, *, resolution: int, difficulty: str,
   for name, value, low in (('num_examples', num_examples, 1),
                            ('seed', seed, 0), ('per_folder', per_folder, 1),
                            ('workers', workers, 1)):
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    if not config_lib.is_int(value) or value < low:
       raise ValueError(f'{name}={value!r} must be an integer >= {low}.')
   folder = folder_path(root, resolution, difficulty)
   spec = {'generator': 'pathfinder', 'version': pathfinder_generator.VERSION,
@@ -588,9 +589,14 @@ def _refuse_second_copy(root: str, resolution: int) -> None:
         '--pathfinder128_copy main|extra` and use DIR.')
 
 
-def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
-  """The Pathfinder / Path-X splits for `config` (module docstring)."""
-  source, length = TASK.begin(config)
+def get_datasets(config: Any, workdir: str,
+                 spec: Optional[Mapping[str, Any]] = None
+                 ) -> pipeline.TaskData:
+  """The Pathfinder / Path-X splits for `config` (module docstring).
+
+  `spec` is `get_model_spec(config)` if the caller has it (see
+  `pipeline.Task.begin`)."""
+  source, spec = TASK.begin(config, spec)
   data = config.data
   if source == 'generated':
     root = _generated_root(config, workdir)
@@ -617,8 +623,8 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     if not len(labels):
       raise ValueError(f'{folder}: the {name} split has no non-empty '
                        f'images ({len(split)} listed).')
-    if length > tokens.shape[1]:
-      tokens = pipeline.pad_or_truncate(tokens, length, np.uint8)
+    if spec['max_len'] > tokens.shape[1]:
+      tokens = pipeline.pad_or_truncate(tokens, spec['max_len'], np.uint8)
     sources[name] = pipeline.ArraySource({'inputs': tokens,
                                           'targets': labels})
     counts[name] = len(labels)
@@ -641,6 +647,5 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
   if stamp is not None:
     notes['generator'] = TASK.generator_settings(stamp['spec'])
   return pipeline.TaskData(
-      train=train, eval=sources['eval'], test=sources['test'],
-      num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
+      train=train, eval=sources['eval'], test=sources['test'], spec=spec,
       notes=notes)

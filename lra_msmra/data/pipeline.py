@@ -38,6 +38,8 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
 import numpy as np
 
+from lra_msmra import config_lib
+
 Batch = dict[str, np.ndarray]
 
 
@@ -366,7 +368,8 @@ def data_source(config: Any, synthetic: str, prepare: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class Task:
   """What a task module declares once: its vocabulary, labels, config keys
-  and data sources; the shared checks, model spec and data source use it.
+  and data sources; the shared checks, the model spec (which its
+  `TaskData` carries) and the data source use it.
 
   Attributes:
     name: the task name of error messages.
@@ -417,7 +420,10 @@ class Task:
     return data.pad_to_length or self.length(data)
 
   def model_spec(self, config: Any) -> dict[str, Any]:
-    """What the model needs from the task, from the config alone."""
+    """What the model needs from the task, from the config alone: checks
+    `config.data`, then returns `vocab_size`, `num_classes`, `max_len` and
+    `dual`. The only place a task's spec is built: `TaskData.spec` is
+    this dict."""
     self.check(config.data)
     return {'vocab_size': self.vocab_size, 'num_classes': self.num_classes,
             'max_len': self.max_len(config.data), 'dual': self.dual}
@@ -426,11 +432,21 @@ class Task:
     """The data source the config asks for (see `data_source`)."""
     return data_source(config, self.synthetic, self.prepare)
 
-  def begin(self, config: Any) -> tuple[str, int]:
-    """What every `get_datasets` starts with: checks `config.data`;
-    returns the data source and the model's input length."""
-    self.check(config.data)
-    return self.source(config), self.max_len(config.data)
+  def begin(self, config: Any, spec: Optional[Mapping[str, Any]] = None
+            ) -> tuple[str, Mapping[str, Any]]:
+    """What every `get_datasets` starts with: the data source and the
+    model spec.
+
+    Args:
+      config: the run config.
+      spec: `model_spec(config)` when the caller already has it (a run
+        has, from validating its config): `config.data` was checked when
+        it was built and is not checked again. None: built here, which
+        checks `config.data`.
+    """
+    if spec is None:
+      spec = self.model_spec(config)
+    return self.source(config), spec
 
 
 def generate_once(folder: str, spec: Mapping[str, Any],
@@ -473,11 +489,11 @@ def read_generator_stamp(folder: str) -> Optional[dict[str, Any]]:
 
 def check_length(data: Any, length: Any) -> None:
   """Checks `length` (tokens per example) against `data.pad_to_length`."""
-  if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+  if not config_lib.is_int(length) or length < 1:
     raise ValueError(f'config.data.max_length={length!r} must be a positive '
                      'integer.')
   pad = data.pad_to_length
-  if not isinstance(pad, int) or isinstance(pad, bool) or pad < 0:
+  if not config_lib.is_int(pad) or pad < 0:
     raise ValueError(f'config.data.pad_to_length={pad!r} must be a '
                      'non-negative integer (0 = no extra padding).')
   if data.pad_to_length and data.pad_to_length < length:
@@ -522,18 +538,33 @@ class TaskData:
 
   Attributes:
     train, eval, test: the three splits.
-    num_classes: number of labels.
-    vocab_size: token table size (id 0 = padding).
-    max_len: input length the model sees (tokens per document).
-    dual: True for two-document tasks (batches carry `inputs2`).
+    spec: the task's model spec (`Task.model_spec`), which the splits
+      follow: `max_len` tokens per document, ids below `vocab_size`, labels
+      below `num_classes`, `inputs2` in batches when `dual`.
     notes: facts about the data worth recording next to results (fidelity
       switches, quirks such as validation = test).
   """
   train: Source
   eval: Source
   test: Source
-  num_classes: int
-  vocab_size: int
-  max_len: int
-  dual: bool = False
+  spec: Mapping[str, Any]
   notes: Optional[dict[str, Any]] = None
+
+  @property
+  def vocab_size(self) -> int:
+    """Token table size (id 0 = padding)."""
+    return self.spec['vocab_size']
+
+  @property
+  def num_classes(self) -> int:
+    return self.spec['num_classes']
+
+  @property
+  def max_len(self) -> int:
+    """Input length the model sees (tokens per document)."""
+    return self.spec['max_len']
+
+  @property
+  def dual(self) -> bool:
+    """Two documents per example (batches carry `inputs2`)."""
+    return self.spec['dual']

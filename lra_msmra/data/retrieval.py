@@ -38,7 +38,7 @@ config.data keys:
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -207,13 +207,16 @@ def _generated_dir(config: Any, workdir: str) -> str:
       lambda: generate_dataset(out, **gen))
 
 
-def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
+def get_datasets(config: Any, workdir: str,
+                 spec: Optional[Mapping[str, Any]] = None
+                 ) -> pipeline.TaskData:
   """The AAN splits for `config` (see the module docstring).
 
   Batches carry `inputs` (text1) and `inputs2` (text2), both int32
-  `[batch, length]`, and `targets` `[batch]`.
+  `[batch, length]`, and `targets` `[batch]`. `spec` is
+  `get_model_spec(config)` if the caller has it (see `pipeline.Task.begin`).
   """
-  source, length = TASK.begin(config)
+  source, spec = TASK.begin(config, spec)
   data_dir = (_generated_dir(config, workdir) if source == 'mock' else
               _resolve_data_dir(config.data_dir))
   splits = {}
@@ -221,7 +224,7 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
     texts1, texts2, labels = read_tsv(split_path(data_dir, split))
     splits[name] = pipeline.RaggedSource(
         {'inputs': texts1, 'inputs2': texts2}, {'targets': labels},
-        length=length, id_offset=1)
+        length=spec['max_len'], id_offset=1)
   train = pipeline.with_train_shuffle(splits['train'], config.data.shuffle,
                                       BATCH_SHUFFLE_WINDOW)
   notes = {
@@ -236,6 +239,5 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
       **pipeline.fidelity_notes(config, train.train_shuffle),
   }
   return pipeline.TaskData(
-      train=train, eval=splits['eval'], test=splits['test'],
-      num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_len=length,
-      dual=True, notes=notes)
+      train=train, eval=splits['eval'], test=splits['test'], spec=spec,
+      notes=notes)

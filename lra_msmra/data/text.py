@@ -31,7 +31,7 @@ config.data keys:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -102,26 +102,32 @@ def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   return examples
 
 
-def _source(split: dict[str, np.ndarray], name: str, length: int,
+def _source(split: dict[str, np.ndarray], name: str, max_len: int,
             max_length: int) -> pipeline.RaggedSource:
   labels = pipeline.check_labels(split['label'], NUM_CLASSES,
                                  f'{TFDS_NAME} {name}')
   # Bytes are stored raw (uint8) and shifted to ids at batch time.
   texts = [np.frombuffer(t, np.uint8)[:max_length] for t in split['text']]
   return pipeline.RaggedSource({'inputs': texts}, {'targets': labels},
-                               length=length, id_offset=1)
+                               length=max_len, id_offset=1)
 
 
-def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
+def get_datasets(config: Any, workdir: str,
+                 spec: Optional[Mapping[str, Any]] = None
+                 ) -> pipeline.TaskData:
   """IMDb train and test for `config` (module docstring); validation is
-  the test split (P5). TFDS keeps its files: `workdir` is not used."""
+  the test split (P5). TFDS keeps its files: `workdir` is not used.
+  `spec` is `get_model_spec(config)` if the caller has it (see
+  `pipeline.Task.begin`)."""
   del workdir
-  source, length = TASK.begin(config)
+  source, spec = TASK.begin(config, spec)
   data, origin = tfds_io.load_or_mock(
       TFDS_NAME, ('train', 'test'), ('text', 'label'), config,
       lambda: _mock_examples(config.data.generator))
-  train = _source(data['train'], 'train', length, config.data.max_length)
-  test = _source(data['test'], 'test', length, config.data.max_length)
+  train = _source(data['train'], 'train', spec['max_len'],
+                  config.data.max_length)
+  test = _source(data['test'], 'test', spec['max_len'],
+                 config.data.max_length)
   train = pipeline.with_train_shuffle(train, config.data.shuffle,
                                       BATCH_SHUFFLE_WINDOW)
   truncated = float(np.mean([len(t) > config.data.max_length
@@ -136,5 +142,4 @@ def get_datasets(config: Any, workdir: str) -> pipeline.TaskData:
       **pipeline.fidelity_notes(config, train.train_shuffle),
   }
   return pipeline.TaskData(
-      train=train, eval=test, test=test, num_classes=NUM_CLASSES,
-      vocab_size=VOCAB_SIZE, max_len=length, notes=notes)
+      train=train, eval=test, test=test, spec=spec, notes=notes)

@@ -11,6 +11,7 @@ import pytest
 
 from lra_msmra.data import listops
 from lra_msmra.data import pipeline
+from tests.data import listops_reference as reference
 
 
 def parse(expr):
@@ -43,20 +44,20 @@ def parse(expr):
     ('[SM [MED 3 8 ] 9 [MIN 6 2 ] ]', 6),
 ])
 def test_label_semantics(expr, label):
-  assert listops.to_value(parse(expr)) == label
+  assert reference.to_value(parse(expr)) == label
 
 
 def test_serialisation_matches_lra():
-  assert listops.to_string(parse('[MAX 2 9 ]')) == '( ( ( [MAX 2 ) 9 ) ] )'
-  tokens = listops.tokenize(listops.to_string(parse('[MIN 4 [MAX 2 9 ] ]')))
+  assert reference.to_string(parse('[MAX 2 9 ]')) == '( ( ( [MAX 2 ) 9 ) ] )'
+  tokens = listops.tokenize(reference.to_string(parse('[MIN 4 [MAX 2 9 ] ]')))
   assert tokens == ['[MIN', '4', '[MAX', '2', '9', 'X', 'X']
 
 
 def test_tree_length_counts_tokens_after_preprocessing():
   rng = random.Random(3)
   for _ in range(300):
-    tree, length = listops.generate_tree(rng, 1, 6, 5)
-    assert len(listops.tokenize(listops.to_string(tree))) == length
+    tree, length = reference.generate_tree(rng, 1, 6, 5)
+    assert len(listops.tokenize(reference.to_string(tree))) == length
 
 
 def test_examples_in_length_band_distinct_and_seeded():
@@ -100,7 +101,7 @@ def test_fast_sampler_equals_tree_reference(seed, kw):
   """The one-pass sampler draws, serialises and labels as the tree-based
   reference (LRA's algorithm as written) does, example for example."""
   assert (listops.generate_examples(60, seed=seed, **kw) ==
-          listops.reference_examples(60, seed=seed, **kw))
+          reference.reference_examples(60, seed=seed, **kw))
 
 
 @pytest.mark.parametrize('args', [[1, 2], [2, 1], [7], [0, 9], [3, 3, 8, 1],
@@ -207,6 +208,22 @@ def spec_matches(config, data):
   return listops.get_model_spec(config) == {
       'vocab_size': data.vocab_size, 'num_classes': data.num_classes,
       'max_len': data.max_len, 'dual': data.dual}
+
+
+def test_the_spec_of_a_checked_config_is_carried_without_a_second_check(
+    tmp_path, monkeypatch):
+  config = _data_config()
+  spec = listops.get_model_spec(config)
+  checked = []
+  monkeypatch.setattr(pipeline.Task, 'check',
+                      lambda task, data: checked.append(task.name))
+  # A run passes the spec its validation built: config.data is not checked
+  # again and the data carries that spec.
+  data = listops.get_datasets(config, str(tmp_path), spec)
+  assert checked == [] and data.spec is spec
+  # Without it, the spec is built here, after checking config.data.
+  data = listops.get_datasets(config, str(tmp_path))
+  assert checked == ['listops'] and data.spec == spec
 
 
 def test_data_notes_give_every_generator_setting(tmp_path):
