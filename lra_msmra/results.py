@@ -61,21 +61,6 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'configs')
 
 
-def find_results(paths: Iterable[str]) -> list[str]:
-  """`results.json` files under the given files/folders, sorted, unique."""
-  found = set()
-  for path in paths:
-    if os.path.isfile(path):
-      found.add(os.path.abspath(path))
-    elif os.path.isdir(path):
-      for root, _, files in os.walk(path):
-        if RESULTS_FILE in files:
-          found.add(os.path.abspath(os.path.join(root, RESULTS_FILE)))
-    else:
-      raise FileNotFoundError(f'--runs: {path} does not exist.')
-  return sorted(found)
-
-
 def load_run(path: str) -> dict[str, Any]:
   with open(path) as f:
     run = json.load(f)

@@ -169,53 +169,6 @@ def lowering_failures(program: Program,
   return failures
 
 
-def check_lowering(path: str, options: Optional[str] = 'runlocal',
-                   dtypes: Sequence[str] = ('float32', 'bfloat16'),
-                   platforms: Sequence[str] = PLATFORMS,
-                   devices: int = 8) -> list[str]:
-  """Validates a config, then lowers its train and eval steps in every dtype
-  for `platforms`.
-
-  The config is first checked as a run checks it before it starts
-  (`lra_msmra.validation.trace`, which traces the train state's shapes;
-  they do not depend on the dtype, so this is the only trace of the
-  state). Then, over a mesh of the first `devices` devices, with the
-  trainer's CPU-only Threefry lowering registered (it must leave other
-  platforms alone), each step is lowered. Returns one line per failure,
-  naming the config, options, dtype, step, platform and the operation; []
-  when the config is valid and everything lowers.
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  from lra_msmra import cpu_rng  # pylint: disable=g-import-not-at-top
-  from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
-  from lra_msmra import validation  # pylint: disable=g-import-not-at-top
-
-  name = config_name(path) + (f':{options}' if options else '')
-  if jax.device_count() < devices:
-    return [f'{name}: {jax.device_count()} devices, {devices} needed '
-            f'(XLA_FLAGS=--xla_force_host_platform_device_count={devices})']
-  cpu_rng.use_unrolled_threefry()
-  mesh = sharding.create_mesh(jax.devices()[:devices])
-  try:
-    _, abstract = validation.trace(load_config(path, options))
-  except Exception as e:  # pylint: disable=broad-except
-    return [f'{name} not valid: {type(e).__name__}: {_one_line(str(e))}']
-  failures = []
-  for dtype in dtypes:
-    try:
-      config = load_config(path, options)
-      config.model.dtype = dtype
-      steps = build_steps(config, mesh, abstract)
-    except Exception as e:  # pylint: disable=broad-except
-      failures.append(f'{name} ({dtype}) not built: {type(e).__name__}: '
-                      f'{_one_line(str(e))}')
-      continue
-    for program in (steps.train, steps.eval):
-      failures += [f'{name} ({dtype}) {line}'
-                   for line in lowering_failures(program, platforms)]
-  return failures
-
-
 # ------------------------------------------------------------- the figures
 
 

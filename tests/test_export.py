@@ -39,6 +39,7 @@ import pytest
 from lra_msmra import cpu_rng
 from lra_msmra import scaling
 from lra_msmra import sharding
+from lra_msmra import validation
 
 # One test worker runs this file, so its module-scoped fixture is built
 # once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
@@ -59,6 +60,47 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0))
   except AttributeError:  # Not on Linux.
     return os.cpu_count() or 1
+
+
+def check_lowering(path, options='runlocal', dtypes=('float32', 'bfloat16'),
+                   platforms=scaling.PLATFORMS, devices=8):
+  """Validates a config, then lowers its train and eval steps in every dtype
+  for `platforms` (run in a worker).
+
+  The config is first checked as a run checks it before it starts
+  (`lra_msmra.validation.trace`, which traces the train state's shapes;
+  they do not depend on the dtype, so this is the only trace of the
+  state). Then, over a mesh of the first `devices` devices, with the
+  trainer's CPU-only Threefry lowering registered (it must leave other
+  platforms alone), each step is lowered. Returns one line per failure,
+  naming the config, options, dtype, step, platform and the operation; []
+  when the config is valid and everything lowers.
+  """
+  one_line = scaling._one_line  # pylint: disable=protected-access
+  name = scaling.config_name(path) + (f':{options}' if options else '')
+  if jax.device_count() < devices:
+    return [f'{name}: {jax.device_count()} devices, {devices} needed '
+            f'(XLA_FLAGS=--xla_force_host_platform_device_count={devices})']
+  cpu_rng.use_unrolled_threefry()
+  mesh = sharding.create_mesh(jax.devices()[:devices])
+  try:
+    _, abstract = validation.trace(scaling.load_config(path, options))
+  except Exception as e:  # pylint: disable=broad-except
+    return [f'{name} not valid: {type(e).__name__}: {one_line(str(e))}']
+  failures = []
+  for dtype in dtypes:
+    try:
+      config = scaling.load_config(path, options)
+      config.model.dtype = dtype
+      steps = scaling.build_steps(config, mesh, abstract)
+    except Exception as e:  # pylint: disable=broad-except
+      failures.append(f'{name} ({dtype}) not built: {type(e).__name__}: '
+                      f'{one_line(str(e))}')
+      continue
+    for program in (steps.train, steps.eval):
+      failures += [f'{name} ({dtype}) {line}'
+                   for line in scaling.lowering_failures(program, platforms)]
+  return failures
 
 
 def full_size_figures():
@@ -88,7 +130,7 @@ def jobs(request):
   with concurrent.futures.ProcessPoolExecutor(
       workers, mp_context=multiprocessing.get_context('spawn')) as pool:
     yield {name: pool.submit(full_size_figures) if name == FULL_SIZE else
-           pool.submit(scaling.check_lowering, name) for name in names}
+           pool.submit(check_lowering, name) for name in names}
 
 
 @pytest.fixture(scope='module')
@@ -116,7 +158,7 @@ def test_train_and_eval_steps_lower_for_tpu_and_gpu(path, jobs):
 
 def test_an_invalid_config_is_named_before_lowering():
   path = os.path.join(scaling.CONFIG_ROOT, 'pathx', 'transformer.py')
-  failures = scaling.check_lowering(path, 'xiong')
+  failures = check_lowering(path, 'xiong')
   assert len(failures) == 1, failures
   assert failures[0].startswith(
       'pathx/transformer.py:xiong not valid: ValueError: '), failures

@@ -129,7 +129,7 @@ def test_results_command(runs_dir, tmp_path):
 
 def test_bubble_speed_from_runs_without_benchmark(runs_dir, tmp_path):
   cpu = {'platform': 'cpu', 'device_kind': 'cpu', 'num_devices': 1}
-  for path in results.find_results([str(runs_dir)]):
+  for path in _results_files(runs_dir):
     _set_devices(path, [dict(cpu, from_step=0, to_step=10)])
   rows = results.aggregate(_labelled(runs_dir))
   points = results.bubble_chart(rows, str(tmp_path / 'b.png'))
@@ -183,8 +183,15 @@ def test_speeds_and_devices_of_runs_on_different_hardware(runs_dir, tmp_path):
   assert '| cpu → H100 |' in table and '| H100 (last process) |' in table
 
 
+def _results_files(runs_dir):
+  """The results.json files under `runs_dir`, as `results.main` finds them."""
+  return [os.path.join(d, results.RESULTS_FILE)
+          for d in results.find_run_dirs([str(runs_dir)])
+          if os.path.exists(os.path.join(d, results.RESULTS_FILE))]
+
+
 def _labelled(runs_dir):
-  runs = [results.load_run(p) for p in results.find_results([str(runs_dir)])]
+  runs = [results.load_run(p) for p in _results_files(runs_dir)]
   results.label_runs(runs)
   return runs
 
