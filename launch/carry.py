@@ -1,0 +1,517 @@
+#!/usr/bin/env python3
+r"""Carries the state of suite runs from one short-lived machine to the next.
+
+  python launch/carry.py pack ROOT OUT_DIR [--part_mib 15] [--max_mib MIB]
+      [--max_files N] [--finished_checkpoints]
+  python launch/carry.py unpack IN_DIR ROOT
+  python launch/carry.py stage IN_DIR CARRY_DIR [--max_mib MIB]
+
+`pack` finds every workdir under ROOT (a folder holding config.json) and
+writes what each needs to resume, or to be listed in the results table, as
+one gzip tar split into parts of at most `--part_mib` MiB
+(`carry.tar.gz.000`, `.001`, ...) plus `carry.json`, the manifest: the
+archive's size and sha256, each part's, and every run with its step. Of a
+workdir it keeps:
+
+* its top-level files (config.json, model_spec.json, results.json when
+  finished, run.log), but not `lock`;
+* tensorboard/ (metrics.jsonl and the event files);
+* of checkpoints/ and best/, only the newest step folder (the newest that
+  orbax finished, i.e. holds _CHECKPOINT_METADATA) and any top-level file:
+  a step folder is all that orbax needs to restore that step;
+* nothing else (e.g. data/, generated data that a run writes again).
+
+A finished run (results.json) needs no checkpoint: its checkpoints/ and
+best/ are left out unless `--finished_checkpoints`. When the archive would
+exceed `--max_mib` or `--max_files` (parts plus the manifest), the
+unfinished runs with the fewest steps done are left out whole, each named
+on stderr and in the manifest's `left_out`, until it fits.
+
+`unpack` checks the manifest, that every part is there with its size, and
+the sha256 of the parts joined; it refuses (one line, status 2, nothing
+written) a missing or damaged part and any member that is not a plain file
+or folder under a relative path without `..`. It then merges run by run
+into ROOT: a run's checkpoints/ and best/ are replaced by the carried
+ones, its files overwritten, unless ROOT already holds a newer state of
+that run (a later step, or finished), which is kept. It prints what it
+restored.
+
+`stage` checks IN_DIR as `unpack` does and copies only the manifest and
+parts into CARRY_DIR (emptied of earlier carry files first), refusing when
+they exceed `--max_mib` (default 63: what a machine that takes 64 MiB of
+carried files in all can take beside the wheels).
+
+Standard library only. Exit status: 0, or 2 with one line `carry: ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import io
+import json
+import math
+import os
+import posixpath
+import shutil
+import sys
+import tarfile
+import tempfile
+from typing import Any, Iterable, Optional, Sequence
+
+MANIFEST = 'carry.json'
+ARCHIVE = 'carry.tar.gz'
+FORMAT = 1
+MIB = 1 << 20
+PART_MIB = 15
+# Carried onto a machine that takes 64 MiB in all, beside the wheels.
+STAGE_MAX_MIB = 63
+CONFIG_FILE = 'config.json'
+RESULTS_FILE = 'results.json'
+SKIPPED_FILES = ('lock',)
+STEP_FOLDERS = ('checkpoints', 'best')
+KEPT_FOLDERS = ('tensorboard',)
+# Written by orbax when a step is finished.
+FINISHED_STEP_MARK = '_CHECKPOINT_METADATA'
+_CHUNK = 1 << 20
+
+
+class CarryError(Exception):
+  """A refusal, printed as one line."""
+
+
+# ----------------------------------------------------------------- the runs
+
+
+def find_workdirs(root: str) -> list[str]:
+  """Workdirs (folders holding config.json) under `root`, relative, sorted.
+
+  A workdir's own subfolders are not searched; hidden folders are skipped.
+  """
+  found = []
+  for here, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+    if CONFIG_FILE in files and here != root:
+      found.append(os.path.relpath(here, root).replace(os.sep, '/'))
+      dirs[:] = []
+  return found
+
+
+def steps_in(folder: str) -> list[int]:
+  """Step folders (named by a number) in `folder`, newest first."""
+  if not os.path.isdir(folder):
+    return []
+  return sorted((int(n) for n in os.listdir(folder)
+                 if n.isdigit() and os.path.isdir(os.path.join(folder, n))),
+                reverse=True)
+
+
+def newest_step(folder: str) -> Optional[int]:
+  """The newest step folder that orbax finished (else the newest one)."""
+  steps = steps_in(folder)
+  for step in steps:
+    if os.path.exists(os.path.join(folder, str(step), FINISHED_STEP_MARK)):
+      return step
+  return steps[0] if steps else None
+
+
+def _files_under(folder: str) -> Iterable[str]:
+  for here, dirs, files in os.walk(folder):
+    dirs.sort()
+    for name in sorted(files):
+      path = os.path.join(here, name)
+      if os.path.isfile(path) and not os.path.islink(path):
+        yield path
+
+
+def describe_run(root: str, run: str, finished_checkpoints: bool = False
+                 ) -> tuple[dict[str, Any], list[str]]:
+  """(manifest entry, files to pack relative to `root`) of one workdir."""
+  workdir = os.path.join(root, run)
+  finished = os.path.exists(os.path.join(workdir, RESULTS_FILE))
+  entry: dict[str, Any] = {'run': run, 'finished': finished}
+  try:
+    with open(os.path.join(workdir, CONFIG_FILE)) as f:
+      entry['num_train_steps'] = json.load(f).get('num_train_steps')
+  except (OSError, ValueError):
+    entry['num_train_steps'] = None
+  step = newest_step(os.path.join(workdir, 'checkpoints'))
+  entry['step'] = step or 0
+  paths = []
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name)
+    if os.path.islink(path):
+      continue
+    if os.path.isfile(path):
+      if name not in SKIPPED_FILES:
+        paths.append(path)
+    elif name in KEPT_FOLDERS:
+      paths.extend(_files_under(path))
+    elif name in STEP_FOLDERS and (finished_checkpoints or not finished):
+      for sub in sorted(os.listdir(path)):
+        if os.path.isfile(os.path.join(path, sub)):
+          paths.append(os.path.join(path, sub))
+      kept = newest_step(path)
+      if kept is not None:
+        entry[name] = f'{name}/{kept}'
+        paths.extend(_files_under(os.path.join(path, str(kept))))
+  entry['bytes'] = sum(os.path.getsize(p) for p in paths)
+  return entry, [os.path.relpath(p, root).replace(os.sep, '/')
+                 for p in paths]
+
+
+# --------------------------------------------------------------------- pack
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for block in iter(lambda: f.read(_CHUNK), b''):
+      h.update(block)
+  return h.hexdigest()
+
+
+def _write_archive(root: str, files: Sequence[str], path: str) -> None:
+  with tarfile.open(path, 'w:gz', format=tarfile.PAX_FORMAT) as tar:
+    for name in files:
+      tar.add(os.path.join(root, name), arcname=name, recursive=False)
+
+
+def _old_carry_files(folder: str) -> list[str]:
+  if not os.path.isdir(folder):
+    return []
+  return sorted(n for n in os.listdir(folder)
+                if n == MANIFEST or n.startswith(ARCHIVE + '.'))
+
+
+def pack(root: str, out_dir: str, part_mib: float = PART_MIB,
+         max_mib: Optional[float] = None, max_files: Optional[int] = None,
+         finished_checkpoints: bool = False) -> dict[str, Any]:
+  """Writes the parts and the manifest of `root`'s runs; returns it."""
+  if not os.path.isdir(root):
+    raise CarryError(f'{root} is not a folder')
+  part_bytes = int(part_mib * MIB)
+  if part_bytes < 1:
+    raise CarryError('--part_mib must be > 0')
+  limit = None if max_mib is None else int(max_mib * MIB)
+  if max_files is not None:
+    if max_files < 2:
+      raise CarryError('--max_files must be >= 2 (a part and the manifest)')
+    by_files = (max_files - 1) * part_bytes
+    limit = by_files if limit is None else min(limit, by_files)
+  runs = {}
+  for run in find_workdirs(root):
+    runs[run] = describe_run(root, run, finished_checkpoints)
+  left_out = []
+  os.makedirs(out_dir, exist_ok=True)
+  for name in _old_carry_files(out_dir):
+    os.remove(os.path.join(out_dir, name))
+  fd, tmp = tempfile.mkstemp(prefix='.carry-', suffix='.tar.gz', dir=out_dir)
+  os.close(fd)
+  try:
+    while True:
+      files = [f for _, names in runs.values() for f in names]
+      _write_archive(root, files, tmp)
+      size = os.path.getsize(tmp)
+      if limit is None or size <= limit:
+        break
+      # Over the limit: leave out the unfinished run with the fewest steps.
+      candidates = [e for e, _ in runs.values() if not e['finished']]
+      if not candidates:
+        raise CarryError(
+            f'the finished runs alone take {size / MIB:.1f} MiB, over the '
+            f'limit of {limit / MIB:.1f} MiB; pack without '
+            '--finished_checkpoints or raise --max_mib/--max_files')
+      drop = min(candidates, key=lambda e: (e['step'], e['run']))
+      del runs[drop['run']]
+      drop = dict(drop, why=f'archive {size / MIB:.1f} MiB over the limit '
+                  f'of {limit / MIB:.1f} MiB')
+      left_out.append(drop)
+      print(f'carry: LEFT OUT {drop["run"]} (step {drop["step"]}, '
+            f'{drop["bytes"] / MIB:.1f} MiB): {drop["why"]}; it resumes '
+            'from its last carried state', file=sys.stderr, flush=True)
+    parts = []
+    whole = hashlib.sha256()
+    with open(tmp, 'rb') as f:
+      for index in range(max(1, math.ceil(size / part_bytes))):
+        name = f'{ARCHIVE}.{index:03d}'
+        h = hashlib.sha256()
+        left = part_bytes
+        with open(os.path.join(out_dir, name), 'wb') as part:
+          while left:
+            block = f.read(min(_CHUNK, left))
+            if not block:
+              break
+            part.write(block)
+            h.update(block)
+            whole.update(block)
+            left -= len(block)
+        parts.append({'file': name, 'bytes': part_bytes - left,
+                      'sha256': h.hexdigest()})
+  finally:
+    os.remove(tmp)
+  manifest = {
+      'format': FORMAT, 'tool': 'launch/carry.py',
+      'created': datetime.datetime.now(datetime.timezone.utc).strftime(
+          '%Y-%m-%dT%H:%M:%SZ'),
+      'archive': ARCHIVE, 'bytes': size, 'sha256': whole.hexdigest(),
+      'part_bytes': part_bytes, 'parts': parts,
+      'runs': [entry for entry, _ in runs.values()],
+      'left_out': left_out}
+  with open(os.path.join(out_dir, MANIFEST), 'w') as f:
+    json.dump(manifest, f, indent=1)
+    f.write('\n')
+  return manifest
+
+
+# ------------------------------------------------------------------- unpack
+
+
+class _Joined(io.RawIOBase):
+  """The parts, read one after another as one stream."""
+
+  def __init__(self, paths: Sequence[str]):
+    super().__init__()
+    self._paths = list(paths)
+    self._file = None
+
+  def readable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    while True:
+      if self._file is None:
+        if not self._paths:
+          return 0
+        self._file = open(self._paths.pop(0), 'rb')
+      n = self._file.readinto(buffer)
+      if n:
+        return n
+      self._file.close()
+      self._file = None
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+    super().close()
+
+
+def read_manifest(in_dir: str) -> dict[str, Any]:
+  path = os.path.join(in_dir, MANIFEST)
+  if not os.path.exists(path):
+    raise CarryError(f'no {MANIFEST} in {in_dir}: nothing packed there '
+                     '(launch/carry.py pack writes it)')
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except ValueError as e:
+    raise CarryError(f'{path} is not valid JSON ({e})') from None
+  if not isinstance(manifest, dict) or manifest.get('format') != FORMAT:
+    raise CarryError(f'{path}: not a carry manifest of format {FORMAT}')
+  return manifest
+
+
+def _safe_name(name: str) -> bool:
+  if not name or name.startswith('/') or '\\' in name or ':' in name.split(
+      '/')[0]:
+    return False
+  return '..' not in posixpath.normpath(name).split('/') and all(
+      part not in ('', '.', '..') for part in name.rstrip('/').split('/'))
+
+
+def verify(in_dir: str) -> tuple[dict[str, Any], list[str]]:
+  """(manifest, part paths) once every part and every member checks out."""
+  manifest = read_manifest(in_dir)
+  parts = manifest.get('parts') or []
+  paths = []
+  for i, part in enumerate(parts):
+    name = part['file']
+    if not _safe_name(name) or '/' in name:
+      raise CarryError(f'{MANIFEST} names a part {name!r} outside {in_dir}')
+    path = os.path.join(in_dir, name)
+    if not os.path.exists(path):
+      raise CarryError(
+          f'part {name} ({i + 1} of {len(parts)} in {MANIFEST}) is missing '
+          f'from {in_dir}: bring back every part')
+    size = os.path.getsize(path)
+    if size != part['bytes']:
+      raise CarryError(f'part {name} has {size} bytes, {MANIFEST} says '
+                       f'{part["bytes"]}: an incomplete copy')
+    paths.append(path)
+  whole = hashlib.sha256()
+  damaged = []
+  for part, path in zip(parts, paths):
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+      for block in iter(lambda: f.read(_CHUNK), b''):
+        h.update(block)
+        whole.update(block)
+    if h.hexdigest() != part.get('sha256'):
+      damaged.append(part['file'])
+  if whole.hexdigest() != manifest.get('sha256') or damaged:
+    raise CarryError(
+        f'sha256 of the parts in {in_dir} differs from {MANIFEST} '
+        f'(damaged: {", ".join(damaged) or "the whole"}); copy them again')
+  runs = [r['run'] for r in manifest.get('runs', [])]
+  for run in runs:
+    if not _safe_name(run):
+      raise CarryError(f'refusing unsafe run path {run!r} in {MANIFEST}')
+  with tarfile.open(fileobj=io.BufferedReader(_Joined(paths)),
+                    mode='r|gz') as tar:
+    for member in tar:
+      if not (member.isfile() or member.isdir()) or not _safe_name(
+          member.name):
+        raise CarryError(
+            f'refusing member {member.name!r} of the archive (only plain '
+            'files and folders under relative paths without ".." are '
+            'extracted); nothing extracted')
+      if not any(member.name == r or member.name.startswith(r + '/')
+                 for r in runs):
+        raise CarryError(f'refusing member {member.name!r}: in no run that '
+                         f'{MANIFEST} lists; nothing extracted')
+  return manifest, paths
+
+
+def _local_state(workdir: str) -> tuple[bool, int]:
+  return (os.path.exists(os.path.join(workdir, RESULTS_FILE)),
+          newest_step(os.path.join(workdir, 'checkpoints')) or 0)
+
+
+def unpack(in_dir: str, root: str) -> list[str]:
+  """Merges the carried runs into `root`; returns the lines it printed."""
+  manifest, paths = verify(in_dir)
+  os.makedirs(root, exist_ok=True)
+  said = []
+
+  def say(text: str) -> None:
+    said.append(text)
+    print(text, flush=True)
+
+  say(f'carry: {len(manifest["runs"])} run(s) from {in_dir} '
+      f'({manifest["bytes"] / MIB:.1f} MiB in {len(paths)} part(s), '
+      'sha256 ok)')
+  staging = tempfile.mkdtemp(prefix='.carry-unpack-', dir=root)
+  try:
+    with tarfile.open(fileobj=io.BufferedReader(_Joined(paths)),
+                      mode='r|gz') as tar:
+      if hasattr(tarfile, 'data_filter'):
+        tar.extractall(staging, filter='data')
+      else:  # Python < 3.11.4; members were checked by verify().
+        tar.extractall(staging)
+    for entry in manifest['runs']:
+      run, step = entry['run'], entry.get('step', 0)
+      total = entry.get('num_train_steps')
+      state = ('finished' if entry.get('finished') else
+               f'step {step}' + (f' of {total}' if total else ''))
+      target = os.path.join(root, run)
+      done_here, step_here = _local_state(target)
+      if done_here and not entry.get('finished'):
+        say(f'kept {run}: finished here; the carried state is at {state}')
+        continue
+      if step_here > step and not entry.get('finished'):
+        say(f'kept {run}: step {step_here} here; the carried state is at '
+            f'{state}')
+        continue
+      source = os.path.join(staging, run)
+      for name in STEP_FOLDERS:
+        if os.path.isdir(os.path.join(source, name)):
+          shutil.rmtree(os.path.join(target, name), ignore_errors=True)
+      shutil.copytree(source, target, dirs_exist_ok=True)
+      say(f'restored {run}: {state}')
+    for entry in manifest.get('left_out') or []:
+      say(f'not carried {entry["run"]} (step {entry.get("step")}): '
+          f'{entry.get("why")}')
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return said
+
+
+def stage(in_dir: str, carry_dir: str, max_mib: float = STAGE_MAX_MIB
+          ) -> dict[str, Any]:
+  """Copies the checked parts and manifest of `in_dir` into `carry_dir`."""
+  manifest, paths = verify(in_dir)
+  total = sum(os.path.getsize(p) for p in paths) + os.path.getsize(
+      os.path.join(in_dir, MANIFEST))
+  if total > max_mib * MIB:
+    raise CarryError(
+        f'{in_dir} holds {total / MIB:.1f} MiB of carry files, over '
+        f'--max_mib {max_mib:g}; unpack it, then pack the root again with '
+        'fewer unfinished runs (--max_mib leaves out the least advanced)')
+  if os.path.abspath(in_dir) == os.path.abspath(carry_dir):
+    raise CarryError('IN_DIR and CARRY_DIR are the same folder')
+  os.makedirs(carry_dir, exist_ok=True)
+  for name in _old_carry_files(carry_dir):
+    os.remove(os.path.join(carry_dir, name))
+  for path in paths + [os.path.join(in_dir, MANIFEST)]:
+    shutil.copyfile(path, os.path.join(carry_dir, os.path.basename(path)))
+  print(f'carry: staged {len(manifest["runs"])} run(s), '
+        f'{total / MIB:.1f} MiB in {len(paths) + 1} file(s), in {carry_dir}',
+        flush=True)
+  return manifest
+
+
+# ---------------------------------------------------------------------- CLI
+
+
+def _summary(manifest: dict[str, Any], out_dir: str) -> str:
+  unfinished = [r for r in manifest['runs'] if not r['finished']]
+  return (f'carry: {len(manifest["runs"])} run(s) '
+          f'({len(unfinished)} unfinished) in {len(manifest["parts"])} '
+          f'part(s) of {manifest["bytes"] / MIB:.1f} MiB in all, '
+          f'{out_dir}/{MANIFEST}')
+
+
+def main(argv: Sequence[str]) -> int:
+  p = argparse.ArgumentParser(
+      prog='launch/carry.py', description=__doc__.split('\n\n')[0],
+      epilog=__doc__.split('\n\n', 2)[2],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = p.add_subparsers(dest='verb', required=True)
+  pk = sub.add_parser('pack', help='ROOT OUT_DIR: pack the runs under ROOT')
+  pk.add_argument('root')
+  pk.add_argument('out_dir')
+  pk.add_argument('--part_mib', type=float, default=PART_MIB,
+                  help='largest part, MiB (default %(default)s)')
+  pk.add_argument('--max_mib', type=float, default=None,
+                  help='largest archive, MiB; unfinished runs with the '
+                  'fewest steps are left out beyond it')
+  pk.add_argument('--max_files', type=int, default=None,
+                  help='most files written (parts plus the manifest)')
+  pk.add_argument('--finished_checkpoints', action='store_true',
+                  help='also pack the checkpoints of finished runs')
+  up = sub.add_parser('unpack', help='IN_DIR ROOT: check and merge')
+  up.add_argument('in_dir')
+  up.add_argument('root')
+  st = sub.add_parser('stage', help='IN_DIR CARRY_DIR: check and copy the '
+                      'parts and manifest only')
+  st.add_argument('in_dir')
+  st.add_argument('carry_dir')
+  st.add_argument('--max_mib', type=float, default=STAGE_MAX_MIB,
+                  help='most MiB staged (default %(default)s)')
+  args = p.parse_args(argv)
+  try:
+    if args.verb == 'pack':
+      manifest = pack(args.root, args.out_dir, args.part_mib, args.max_mib,
+                      args.max_files, args.finished_checkpoints)
+      for entry in manifest['runs']:
+        total = entry.get('num_train_steps')
+        state = ('finished' if entry['finished'] else
+                 f'step {entry["step"]}' + (f' of {total}' if total else ''))
+        print(f'packed {entry["run"]}: {state}, '
+              f'{entry["bytes"] / MIB:.1f} MiB', flush=True)
+      print(_summary(manifest, args.out_dir), flush=True)
+      return 0
+    if args.verb == 'unpack':
+      unpack(args.in_dir, args.root)
+      return 0
+    stage(args.in_dir, args.carry_dir, args.max_mib)
+    return 0
+  except CarryError as e:
+    print(f'carry: {e}', file=sys.stderr, flush=True)
+    return 2
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
