@@ -28,6 +28,22 @@ Every run is the main command, unchanged:
   (the trainer resumes from its checkpoints) and skips finished ones (those
   with a results.json). `--distributed` is passed to every run on a TPU pod
   or SLURM cluster, where every host runs this same command.
+* `--jobs N` runs up to N of them side by side (one GPU shared: set
+  `XLA_PYTHON_CLIENT_PREALLOCATE=false`). Each run's output then goes to
+  `<workdir>/run.log` (appended to, so a resumed run's log continues) and
+  the suite prints one line when a run starts and one when it ends.
+* `--stop_after SECONDS` sends SIGTERM to the runs still going at that
+  deadline (each saves a checkpoint at its current step and exits), starts
+  no run with under `--min_start_s` (default MIN_START_S = 120 s: loading
+  the data and compiling take about a minute before the first step, and the
+  checkpoint must still be written) left, and a run that has not exited
+  `--stop_grace_s` (default 60 s) after SIGTERM is killed (it resumes from
+  its previous checkpoint). Runs already begun (a `checkpoints/` folder in
+  their workdir) go first, so that each stretch finishes what the last one
+  started. A SIGTERM to the suite itself moves the deadline to now.
+  The suite exits with status 3 (EXIT_UNFINISHED) when runs are left
+  unfinished and none failed: re-run the same command to resume them.
+  Status 1: a run (or the results table) failed.
 * At the end `python -m lra_msmra.results --runs <root>/<protocol> --out
   <root>/<protocol>/summary` writes the table and the bubble chart
   (`--benchmark` forwards a train_step.json for the chart's speed/memory).
@@ -36,15 +52,36 @@ Every run is the main command, unchanged:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
+import signal
 import subprocess
 import sys
-from typing import Sequence
+import time
+from typing import Callable, Optional, Sequence, TextIO
 
 from lra_msmra import config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Exit status of the suite when runs are left unfinished (none failed):
+# re-run the same command to resume them.
+EXIT_UNFINISHED = 3
+# With --stop_after, no run starts with fewer seconds than this left: the
+# data and the compilation take about a minute before a run's first step,
+# and its checkpoint must still be written before the deadline.
+MIN_START_S = 120
+# Seconds a run may take to save its checkpoint and exit after SIGTERM
+# before it is killed (it then resumes from its previous checkpoint).
+STOP_GRACE_S = 60
+# With --jobs > 1, each run's stdout and stderr go to this file of its
+# workdir (appended to).
+LOG_FILE = 'run.log'
+# Exit statuses of a run that saved its checkpoint and stopped on a signal
+# (lra_msmra.main: 128 + SIGTERM, SIGINT or SIGPIPE).
+STOPPED_STATUSES = (128 + signal.SIGTERM, 128 + signal.SIGINT,
+                    128 + signal.SIGPIPE)
 
 
 def _split(text: str) -> list[str]:
@@ -141,6 +178,158 @@ def check_data(args: argparse.Namespace) -> None:
         'jobs.')
 
 
+@dataclasses.dataclass
+class _Run:
+  workdir: str
+  cmd: list[str]
+  proc: subprocess.Popen
+  started: float
+  log: Optional[TextIO] = None
+  term_at: Optional[float] = None
+  killed: bool = False
+
+
+@dataclasses.dataclass
+class Outcome:
+  """Workdirs of the runs by how they ended."""
+  finished: list[str] = dataclasses.field(default_factory=list)
+  failed: list[str] = dataclasses.field(default_factory=list)
+  # Stopped at the deadline (resumable), or never started for lack of time.
+  stopped: list[str] = dataclasses.field(default_factory=list)
+  not_started: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def unfinished(self) -> list[str]:
+    return self.stopped + self.not_started
+
+
+def any_results(folder: str) -> bool:
+  """Whether a results.json lies anywhere under `folder`."""
+  return any('results.json' in files for _, _, files in os.walk(folder))
+
+
+def begun_first(runs: list[tuple[str, list[str]]]
+                ) -> list[tuple[str, list[str]]]:
+  """`runs` with those that have a checkpoints/ folder first (stable)."""
+  return sorted(runs, key=lambda r: not os.path.isdir(
+      os.path.join(r[0], 'checkpoints')))
+
+
+def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
+            stop_after: Optional[float] = None,
+            min_start_s: float = MIN_START_S,
+            stop_grace_s: float = STOP_GRACE_S, cwd: str = ROOT,
+            popen: Callable[..., subprocess.Popen] = subprocess.Popen,
+            clock: Callable[[], float] = time.monotonic,
+            poll_s: float = 0.2) -> Outcome:
+  """Runs the (workdir, command) pairs, up to `jobs` at once.
+
+  With `jobs` == 1 a run's output goes to this process's stdout and stderr
+  and only its command line is printed first (as without --jobs); with
+  more, to `<workdir>/run.log`, and one line is printed when a run starts
+  and one when it ends. `stop_after` (seconds from now): see the module
+  docstring. A SIGTERM to this process moves the deadline to now.
+  """
+  outcome = Outcome()
+  begin = clock()
+  deadline = None if stop_after is None else begin + stop_after
+  pending = list(runs)
+  running: list[_Run] = []
+  term = []
+  previous = None
+  try:
+    previous = signal.signal(signal.SIGTERM, lambda *_: term.append(1))
+  except ValueError:  # Not the main thread: no handler.
+    pass
+
+  def say(text: str) -> None:
+    if jobs > 1 or stop_after is not None:
+      print(f'[{clock() - begin:6.0f} s] {text}', flush=True)
+
+  def start(workdir: str, cmd: list[str]) -> None:
+    line = ' '.join(shlex.quote(c) for c in cmd)
+    log = None
+    if jobs > 1:
+      os.makedirs(workdir, exist_ok=True)
+      log = open(os.path.join(workdir, LOG_FILE), 'a')
+      log.write(f'==== {time.strftime("%Y-%m-%d %H:%M:%S")} {line}\n')
+      log.flush()
+      say(f'start {workdir} (log {os.path.join(workdir, LOG_FILE)}): '
+          f'{line}')
+      proc = popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    else:
+      print(line, flush=True)
+      proc = popen(cmd, cwd=cwd)
+    running.append(_Run(workdir, cmd, proc, clock(), log))
+
+  def end(run: _Run, status: int) -> None:
+    running.remove(run)
+    if run.log is not None:
+      run.log.close()
+    took = f'{clock() - run.started:.0f} s'
+    if status == 0:
+      outcome.finished.append(run.workdir)
+      if jobs > 1:
+        say(f'finished {run.workdir} in {took}')
+    elif status in STOPPED_STATUSES or (status < 0 and run.term_at is not None):
+      outcome.stopped.append(run.workdir)
+      say(f'stopped {run.workdir} after {took} (exit {status}): '
+          'unfinished, resumes from its checkpoint')
+    else:
+      outcome.failed.append(run.workdir)
+      where = (f', see {os.path.join(run.workdir, LOG_FILE)}'
+               if run.log is not None else '')
+      if jobs > 1 or stop_after is not None:
+        say(f'failed {run.workdir} after {took} (exit {status}{where})')
+
+  try:
+    while pending or running:
+      now = clock()
+      if term and (deadline is None or deadline > now):
+        deadline = now
+      for run in list(running):
+        status = run.proc.poll()
+        if status is not None:
+          end(run, status)
+      now = clock()
+      if deadline is not None and now >= deadline:
+        for run in running:
+          if run.term_at is None:
+            run.term_at = now
+            say(f'deadline: SIGTERM to {run.workdir}')
+            run.proc.send_signal(signal.SIGTERM)
+          elif not run.killed and now - run.term_at > stop_grace_s:
+            run.killed = True
+            say(f'{run.workdir} still running {stop_grace_s:g} s after '
+                'SIGTERM: killed (it resumes from its previous checkpoint)')
+            run.proc.kill()
+      while pending and len(running) < jobs:
+        if deadline is not None and deadline - now < min_start_s:
+          for workdir, _ in pending:
+            outcome.not_started.append(workdir)
+            say(f'not started {workdir}: under {min_start_s:g} s left')
+          pending = []
+          break
+        start(*pending.pop(0))
+      if running:
+        time.sleep(poll_s)
+  except KeyboardInterrupt:
+    # Ctrl-C reached the runs too: let them save their checkpoints.
+    for run in running:
+      try:
+        run.proc.wait(timeout=stop_grace_s)
+      except subprocess.TimeoutExpired:
+        pass
+    raise
+  finally:
+    for run in running:  # Only after an exception: stop what is left.
+      if run.proc.poll() is None:
+        run.proc.kill()
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+  return outcome
+
+
 def main(argv: Sequence[str]) -> int:
   p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   p.add_argument('--protocol', default='lra',
@@ -163,32 +352,62 @@ def main(argv: Sequence[str]) -> int:
                  help='train_step.json for the bubble chart')
   p.add_argument('--dry_run', action='store_true',
                  help='print the commands without running them')
+  p.add_argument('--jobs', type=int, default=1,
+                 help='runs side by side (default 1: one after another, '
+                 'their output here); with more, each run writes to '
+                 f'<workdir>/{LOG_FILE} and one line is printed per run '
+                 'start and end')
+  p.add_argument('--stop_after', type=float, default=None,
+                 help='seconds after which the runs still going get SIGTERM '
+                 '(they checkpoint and exit); unfinished runs give exit '
+                 f'status {EXIT_UNFINISHED}: re-run to resume them')
+  p.add_argument('--min_start_s', type=float, default=MIN_START_S,
+                 help='with --stop_after, start no run with fewer seconds '
+                 'left (default %(default)s)')
+  p.add_argument('--stop_grace_s', type=float, default=STOP_GRACE_S,
+                 help='seconds a run has to exit after SIGTERM before it is '
+                 'killed (default %(default)s)')
   args = p.parse_args(argv)
+  if args.jobs < 1:
+    p.error('--jobs must be >= 1')
   check_data(args)
   runs = plan(args)
-  failed = []
+  todo = []
   for workdir, cmd in runs:
-    line = ' '.join(shlex.quote(c) for c in cmd)
     if os.path.exists(os.path.join(workdir, 'results.json')):
       print(f'done already: {workdir}', flush=True)
       continue
-    print(line, flush=True)
     if args.dry_run:
+      print(' '.join(shlex.quote(c) for c in cmd), flush=True)
       continue
-    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-      failed.append(workdir)
+    todo.append((workdir, cmd))
+  if args.stop_after is not None:
+    todo = begun_first(todo)
+  outcome = execute(todo, jobs=args.jobs, stop_after=args.stop_after,
+                    min_start_s=args.min_start_s,
+                    stop_grace_s=args.stop_grace_s)
+  failed = list(outcome.failed)
   summary = [sys.executable, '-m', 'lra_msmra.results', '--runs',
              os.path.join(args.root, args.protocol), '--out',
              os.path.join(args.root, args.protocol, 'summary')]
   if args.benchmark:
     summary += ['--benchmark', args.benchmark]
-  print(' '.join(shlex.quote(c) for c in summary), flush=True)
-  if not args.dry_run:
-    if subprocess.run(summary, cwd=ROOT).returncode != 0:
-      failed.append('results table')
+  if args.dry_run or any_results(os.path.join(args.root, args.protocol)):
+    print(' '.join(shlex.quote(c) for c in summary), flush=True)
+    if not args.dry_run:
+      if subprocess.run(summary, cwd=ROOT).returncode != 0:
+        failed.append('results table')
+  else:
+    print('No finished run yet: no results table.', flush=True)
+  if outcome.unfinished:
+    print(f'Unfinished ({len(outcome.unfinished)}; re-run the same command '
+          f'to resume them): {outcome.unfinished}', file=sys.stderr,
+          flush=True)
   if failed:
     print(f'Failed: {failed}', file=sys.stderr)
     return 1
+  if outcome.unfinished:
+    return EXIT_UNFINISHED
   return 0
 
 
