@@ -644,17 +644,11 @@ def _load_data(config: ml_collections.ConfigDict, workdir: str,
     sharding.check_batch_size('eval_batch_size', config.eval_batch_size,
                               mesh)
     _check_resume_config(workdir, config)
-    data = data_lib.get_datasets(config, workdir)
+    data = data_lib.get_datasets(config, workdir, spec)
   data_record = fingerprint_lib.data_source_record(data.notes or {})
   metrics_lib.log(describe_data_source(
       data_record, (data.notes or {}).get('data_dir') or
       (data.notes or {}).get('data', '')))
-  if model_spec(data) != spec:
-    raise RuntimeError(
-        f'The {config.task} data gives the model spec {model_spec(data)}, '
-        f'but the config alone gives {spec}: the task module\'s '
-        '`get_model_spec` and `get_datasets` disagree (a bug; please report '
-        'it with the config).')
   return data, data_record
 
 
