@@ -3,8 +3,7 @@ r"""Carries the state of suite runs from one short-lived machine to the next.
 
   python launch/carry.py pack ROOT OUT_DIR [--part_mib 15] [--max_mib MIB]
       [--max_files N] [--finished_checkpoints]
-  python launch/carry.py unpack IN_DIR ROOT
-  python launch/carry.py stage IN_DIR CARRY_DIR [--max_mib MIB]
+  python launch/carry.py unpack IN_DIR ROOT [--held_stubs]
 
 `pack` finds every workdir under ROOT (a folder holding config.json) and
 writes what each needs to resume, or to be listed in the results table, as
@@ -22,10 +21,15 @@ workdir it keeps:
 * nothing else (e.g. data/, generated data that a run writes again).
 
 A finished run (results.json) needs no checkpoint: its checkpoints/ and
-best/ are left out unless `--finished_checkpoints`. When the archive would
-exceed `--max_mib` or `--max_files` (parts plus the manifest), the
-unfinished runs with the fewest steps done are left out whole, each named
-on stderr and in the manifest's `left_out`, until it fits.
+best/ are left out unless `--finished_checkpoints`.
+
+Held runs. When the archive would exceed `--max_mib`, or `--max_files`
+parts plus the manifest, the unfinished runs with the fewest steps are held
+back one by one until it fits: each is packed as a stub, its config.json
+and `carry_held.json` (HELD_FILE: its step and why), named on stderr and
+in the manifest. launch/suite.py skips a workdir holding that file (its
+state stays where it was packed) and counts it against `--jobs`, so a held
+run is carried, and resumes, once the runs ahead of it have finished.
 
 `unpack` checks the manifest, that every part is there with its size, and
 the sha256 of the parts joined; it refuses (one line, status 2, nothing
@@ -33,13 +37,11 @@ written) a missing or damaged part and any member that is not a plain file
 or folder under a relative path without `..`. It then merges run by run
 into ROOT: a run's checkpoints/ and best/ are replaced by the carried
 ones, its files overwritten, unless ROOT already holds a newer state of
-that run (a later step, or finished), which is kept. It prints what it
-restored.
-
-`stage` checks IN_DIR as `unpack` does and copies only the manifest and
-parts into CARRY_DIR (emptied of earlier carry files first), refusing when
-they exceed `--max_mib` (default 63: what a machine that takes 64 MiB of
-carried files in all can take beside the wheels).
+that run (a later step, or finished), which is kept. The stub of a held
+run is written only with `--held_stubs` (the machine that runs the suite:
+launch/gpu_stretch.sh); elsewhere ROOT keeps what it has of that run, and
+a run held back with no state in ROOT (its progress on the other machine
+lost) is named and starts again. It prints what it restored.
 
 Standard library only. Exit status: 0, or 2 with one line `carry: ...`.
 """
@@ -65,10 +67,10 @@ ARCHIVE = 'carry.tar.gz'
 FORMAT = 1
 MIB = 1 << 20
 PART_MIB = 15
-# Carried onto a machine that takes 64 MiB in all, beside the wheels.
-STAGE_MAX_MIB = 63
 CONFIG_FILE = 'config.json'
 RESULTS_FILE = 'results.json'
+# The stub of a run held back (launch/suite.py skips its workdir).
+HELD_FILE = 'carry_held.json'
 SKIPPED_FILES = ('lock',)
 STEP_FOLDERS = ('checkpoints', 'best')
 KEPT_FOLDERS = ('tensorboard',)
@@ -138,6 +140,16 @@ def describe_run(root: str, run: str, finished_checkpoints: bool = False
     entry['num_train_steps'] = None
   step = newest_step(os.path.join(workdir, 'checkpoints'))
   entry['step'] = step or 0
+  if os.path.exists(os.path.join(workdir, HELD_FILE)):  # A stub.
+    try:
+      with open(os.path.join(workdir, HELD_FILE)) as f:
+        entry.update(step=int(json.load(f).get('step', 0)))
+    except (OSError, ValueError, TypeError):
+      pass
+    paths = [os.path.join(workdir, n) for n in (CONFIG_FILE, HELD_FILE)]
+    entry.update(held=True, bytes=sum(os.path.getsize(p) for p in paths))
+    return entry, [os.path.relpath(p, root).replace(os.sep, '/')
+                   for p in paths]
   paths = []
   for name in sorted(os.listdir(workdir)):
     path = os.path.join(workdir, name)
@@ -172,10 +184,19 @@ def _sha256(path: str) -> str:
   return h.hexdigest()
 
 
-def _write_archive(root: str, files: Sequence[str], path: str) -> None:
+def _write_archive(root: str, files: Sequence[str], path: str,
+                   written: Optional[dict[str, bytes]] = None) -> None:
+  """`files` (relative to `root`) and `written` ({name: content}) into a
+  gzip tar at `path`."""
   with tarfile.open(path, 'w:gz', format=tarfile.PAX_FORMAT) as tar:
     for name in files:
       tar.add(os.path.join(root, name), arcname=name, recursive=False)
+    for name, data in sorted((written or {}).items()):
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      info.mode = 0o644
+      info.mtime = int(datetime.datetime.now().timestamp())
+      tar.addfile(info, io.BytesIO(data))
 
 
 def _old_carry_files(folder: str) -> list[str]:
@@ -203,7 +224,8 @@ def pack(root: str, out_dir: str, part_mib: float = PART_MIB,
   runs = {}
   for run in find_workdirs(root):
     runs[run] = describe_run(root, run, finished_checkpoints)
-  left_out = []
+  held = []
+  stubs: dict[str, bytes] = {}
   os.makedirs(out_dir, exist_ok=True)
   for name in _old_carry_files(out_dir):
     os.remove(os.path.join(out_dir, name))
@@ -212,25 +234,34 @@ def pack(root: str, out_dir: str, part_mib: float = PART_MIB,
   try:
     while True:
       files = [f for _, names in runs.values() for f in names]
-      _write_archive(root, files, tmp)
+      _write_archive(root, files, tmp, stubs)
       size = os.path.getsize(tmp)
       if limit is None or size <= limit:
         break
-      # Over the limit: leave out the unfinished run with the fewest steps.
-      candidates = [e for e, _ in runs.values() if not e['finished']]
+      # Over the limit: hold back the unfinished run with the fewest steps.
+      candidates = [e for e, _ in runs.values()
+                    if not e['finished'] and not e.get('held')]
       if not candidates:
         raise CarryError(
-            f'the finished runs alone take {size / MIB:.1f} MiB, over the '
-            f'limit of {limit / MIB:.1f} MiB; pack without '
-            '--finished_checkpoints or raise --max_mib/--max_files')
-      drop = min(candidates, key=lambda e: (e['step'], e['run']))
-      del runs[drop['run']]
-      drop = dict(drop, why=f'archive {size / MIB:.1f} MiB over the limit '
-                  f'of {limit / MIB:.1f} MiB')
-      left_out.append(drop)
-      print(f'carry: LEFT OUT {drop["run"]} (step {drop["step"]}, '
-            f'{drop["bytes"] / MIB:.1f} MiB): {drop["why"]}; it resumes '
-            'from its last carried state', file=sys.stderr, flush=True)
+            f'the archive takes {size / MIB:.1f} MiB with every unfinished '
+            f'run held back, over the limit of {limit / MIB:.1f} MiB; pack '
+            'without --finished_checkpoints or raise --max_mib/--max_files')
+      entry = min(candidates, key=lambda e: (e['step'], e['run']))
+      why = (f'the archive took {size / MIB:.1f} MiB, over the limit of '
+             f'{limit / MIB:.1f} MiB')
+      stub = f'{entry["run"]}/{HELD_FILE}'
+      stubs[stub] = (json.dumps({'run': entry['run'], 'step': entry['step'],
+                                 'why': why}, indent=1) + '\n').encode()
+      runs[entry['run']] = (
+          dict(entry, held=True, why=why,
+               bytes=len(stubs[stub]) + os.path.getsize(
+                   os.path.join(root, entry['run'], CONFIG_FILE))),
+          [f'{entry["run"]}/{CONFIG_FILE}'])
+      held.append(entry['run'])
+      print(f'carry: HELD BACK {entry["run"]} (step {entry["step"]}, '
+            f'{entry["bytes"] / MIB:.1f} MiB): {why}; packed as a stub that '
+            'the suite skips, its state stays in ROOT', file=sys.stderr,
+            flush=True)
     parts = []
     whole = hashlib.sha256()
     with open(tmp, 'rb') as f:
@@ -258,7 +289,7 @@ def pack(root: str, out_dir: str, part_mib: float = PART_MIB,
       'archive': ARCHIVE, 'bytes': size, 'sha256': whole.hexdigest(),
       'part_bytes': part_bytes, 'parts': parts,
       'runs': [entry for entry, _ in runs.values()],
-      'left_out': left_out}
+      'held': held}
   with open(os.path.join(out_dir, MANIFEST), 'w') as f:
     json.dump(manifest, f, indent=1)
     f.write('\n')
@@ -379,8 +410,13 @@ def _local_state(workdir: str) -> tuple[bool, int]:
           newest_step(os.path.join(workdir, 'checkpoints')) or 0)
 
 
-def unpack(in_dir: str, root: str) -> list[str]:
-  """Merges the carried runs into `root`; returns the lines it printed."""
+def unpack(in_dir: str, root: str, held_stubs: bool = False) -> list[str]:
+  """Merges the carried runs into `root`; returns the lines it printed.
+
+  A held run's stub is written (its HELD_FILE added to the workdir, which
+  the suite then skips) only with `held_stubs`, on the machine that runs
+  the suite; elsewhere ROOT keeps what it has of that run.
+  """
   manifest, paths = verify(in_dir)
   os.makedirs(root, exist_ok=True)
   said = []
@@ -406,6 +442,23 @@ def unpack(in_dir: str, root: str) -> list[str]:
       state = ('finished' if entry.get('finished') else
                f'step {step}' + (f' of {total}' if total else ''))
       target = os.path.join(root, run)
+      if entry.get('held'):
+        if held_stubs:
+          os.makedirs(target, exist_ok=True)
+          shutil.copyfile(os.path.join(staging, run, HELD_FILE),
+                          os.path.join(target, HELD_FILE))
+          if not os.path.exists(os.path.join(target, CONFIG_FILE)):
+            shutil.copyfile(os.path.join(staging, run, CONFIG_FILE),
+                            os.path.join(target, CONFIG_FILE))
+          say(f'held {run}: its state (step {step}) stays where it was '
+              'packed; the suite skips it')
+        elif os.path.exists(os.path.join(target, CONFIG_FILE)):
+          say(f'kept {run}: held back from the carry at step {step}; '
+              f'step {_local_state(target)[1]} here')
+        else:
+          say(f'not carried {run}: held back at step {step} for lack of '
+              'room, its state there is lost; it starts again')
+        continue
       done_here, step_here = _local_state(target)
       if done_here and not entry.get('finished'):
         say(f'kept {run}: finished here; the carried state is at {state}')
@@ -415,41 +468,16 @@ def unpack(in_dir: str, root: str) -> list[str]:
             f'{state}')
         continue
       source = os.path.join(staging, run)
+      if os.path.exists(os.path.join(target, HELD_FILE)):
+        os.remove(os.path.join(target, HELD_FILE))
       for name in STEP_FOLDERS:
         if os.path.isdir(os.path.join(source, name)):
           shutil.rmtree(os.path.join(target, name), ignore_errors=True)
       shutil.copytree(source, target, dirs_exist_ok=True)
       say(f'restored {run}: {state}')
-    for entry in manifest.get('left_out') or []:
-      say(f'not carried {entry["run"]} (step {entry.get("step")}): '
-          f'{entry.get("why")}')
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return said
-
-
-def stage(in_dir: str, carry_dir: str, max_mib: float = STAGE_MAX_MIB
-          ) -> dict[str, Any]:
-  """Copies the checked parts and manifest of `in_dir` into `carry_dir`."""
-  manifest, paths = verify(in_dir)
-  total = sum(os.path.getsize(p) for p in paths) + os.path.getsize(
-      os.path.join(in_dir, MANIFEST))
-  if total > max_mib * MIB:
-    raise CarryError(
-        f'{in_dir} holds {total / MIB:.1f} MiB of carry files, over '
-        f'--max_mib {max_mib:g}; unpack it, then pack the root again with '
-        'fewer unfinished runs (--max_mib leaves out the least advanced)')
-  if os.path.abspath(in_dir) == os.path.abspath(carry_dir):
-    raise CarryError('IN_DIR and CARRY_DIR are the same folder')
-  os.makedirs(carry_dir, exist_ok=True)
-  for name in _old_carry_files(carry_dir):
-    os.remove(os.path.join(carry_dir, name))
-  for path in paths + [os.path.join(in_dir, MANIFEST)]:
-    shutil.copyfile(path, os.path.join(carry_dir, os.path.basename(path)))
-  print(f'carry: staged {len(manifest["runs"])} run(s), '
-        f'{total / MIB:.1f} MiB in {len(paths) + 1} file(s), in {carry_dir}',
-        flush=True)
-  return manifest
 
 
 # ---------------------------------------------------------------------- CLI
@@ -457,8 +485,9 @@ def stage(in_dir: str, carry_dir: str, max_mib: float = STAGE_MAX_MIB
 
 def _summary(manifest: dict[str, Any], out_dir: str) -> str:
   unfinished = [r for r in manifest['runs'] if not r['finished']]
+  held = f', {len(manifest["held"])} held back' if manifest['held'] else ''
   return (f'carry: {len(manifest["runs"])} run(s) '
-          f'({len(unfinished)} unfinished) in {len(manifest["parts"])} '
+          f'({len(unfinished)} unfinished{held}) in {len(manifest["parts"])} '
           f'part(s) of {manifest["bytes"] / MIB:.1f} MiB in all, '
           f'{out_dir}/{MANIFEST}')
 
@@ -475,21 +504,19 @@ def main(argv: Sequence[str]) -> int:
   pk.add_argument('--part_mib', type=float, default=PART_MIB,
                   help='largest part, MiB (default %(default)s)')
   pk.add_argument('--max_mib', type=float, default=None,
-                  help='largest archive, MiB; unfinished runs with the '
-                  'fewest steps are left out beyond it')
+                  help='largest archive, MiB; beyond it the unfinished runs '
+                  'with the fewest steps are held back (stubs)')
   pk.add_argument('--max_files', type=int, default=None,
-                  help='most files written (parts plus the manifest)')
+                  help='most files written (parts plus the manifest); '
+                  'beyond it runs are held back as for --max_mib')
   pk.add_argument('--finished_checkpoints', action='store_true',
                   help='also pack the checkpoints of finished runs')
   up = sub.add_parser('unpack', help='IN_DIR ROOT: check and merge')
   up.add_argument('in_dir')
   up.add_argument('root')
-  st = sub.add_parser('stage', help='IN_DIR CARRY_DIR: check and copy the '
-                      'parts and manifest only')
-  st.add_argument('in_dir')
-  st.add_argument('carry_dir')
-  st.add_argument('--max_mib', type=float, default=STAGE_MAX_MIB,
-                  help='most MiB staged (default %(default)s)')
+  up.add_argument('--held_stubs', action='store_true',
+                  help='write the stubs of held runs (on the machine that '
+                  'runs the suite, which skips them)')
   args = p.parse_args(argv)
   try:
     if args.verb == 'pack':
@@ -499,14 +526,11 @@ def main(argv: Sequence[str]) -> int:
         total = entry.get('num_train_steps')
         state = ('finished' if entry['finished'] else
                  f'step {entry["step"]}' + (f' of {total}' if total else ''))
-        print(f'packed {entry["run"]}: {state}, '
-              f'{entry["bytes"] / MIB:.1f} MiB', flush=True)
+        print(f'{"held" if entry.get("held") else "packed"} {entry["run"]}: '
+              f'{state}, {entry["bytes"] / MIB:.1f} MiB', flush=True)
       print(_summary(manifest, args.out_dir), flush=True)
       return 0
-    if args.verb == 'unpack':
-      unpack(args.in_dir, args.root)
-      return 0
-    stage(args.in_dir, args.carry_dir, args.max_mib)
+    unpack(args.in_dir, args.root, args.held_stubs)
     return 0
   except CarryError as e:
     print(f'carry: {e}', file=sys.stderr, flush=True)

@@ -44,6 +44,10 @@ Every run is the main command, unchanged:
   The suite exits with status 3 (EXIT_UNFINISHED) when runs are left
   unfinished and none failed: re-run the same command to resume them.
   Status 1: a run (or the results table) failed.
+* A workdir holding `carry_held.json` (HELD_FILE) is the stub of a run whose
+  state `launch/carry.py` held back for lack of room: it is skipped, counted
+  as unfinished, and takes one of the `--jobs` (so a held run resumes once
+  the runs ahead of it have finished).
 * At the end `python -m lra_msmra.results --runs <root>/<protocol> --out
   <root>/<protocol>/summary` writes the table and the bubble chart
   (`--benchmark` forwards a train_step.json for the chart's speed/memory).
@@ -78,6 +82,9 @@ STOP_GRACE_S = 60
 # With --jobs > 1, each run's stdout and stderr go to this file of its
 # workdir (appended to).
 LOG_FILE = 'run.log'
+# The stub of a run whose state launch/carry.py held back: its workdir is
+# skipped (the state is where it was packed) and it takes one of --jobs.
+HELD_FILE = 'carry_held.json'
 # Exit statuses of a run that saved its checkpoint and stopped on a signal
 # (lra_msmra.main: 128 + SIGTERM, SIGINT or SIGPIPE).
 STOPPED_STATUSES = (128 + signal.SIGTERM, 128 + signal.SIGINT,
@@ -218,19 +225,21 @@ def begun_first(runs: list[tuple[str, list[str]]]
 def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
             stop_after: Optional[float] = None,
             min_start_s: float = MIN_START_S,
-            stop_grace_s: float = STOP_GRACE_S, cwd: str = ROOT,
+            stop_grace_s: float = STOP_GRACE_S, logs: Optional[bool] = None,
+            cwd: str = ROOT,
             popen: Callable[..., subprocess.Popen] = subprocess.Popen,
             clock: Callable[[], float] = time.monotonic,
             poll_s: float = 0.2) -> Outcome:
   """Runs the (workdir, command) pairs, up to `jobs` at once.
 
-  With `jobs` == 1 a run's output goes to this process's stdout and stderr
-  and only its command line is printed first (as without --jobs); with
-  more, to `<workdir>/run.log`, and one line is printed when a run starts
-  and one when it ends. `stop_after` (seconds from now): see the module
+  With `logs` (default: `jobs` > 1) a run's output goes to
+  `<workdir>/run.log` and one line is printed when a run starts and one
+  when it ends; without, to this process's stdout and stderr, and only its
+  command line is printed first (as without --jobs). `stop_after` (seconds from now): see the module
   docstring. A SIGTERM to this process moves the deadline to now.
   """
   outcome = Outcome()
+  logs = jobs > 1 if logs is None else logs
   begin = clock()
   deadline = None if stop_after is None else begin + stop_after
   pending = list(runs)
@@ -243,13 +252,13 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
     pass
 
   def say(text: str) -> None:
-    if jobs > 1 or stop_after is not None:
+    if logs or stop_after is not None:
       print(f'[{clock() - begin:6.0f} s] {text}', flush=True)
 
   def start(workdir: str, cmd: list[str]) -> None:
     line = ' '.join(shlex.quote(c) for c in cmd)
     log = None
-    if jobs > 1:
+    if logs:
       os.makedirs(workdir, exist_ok=True)
       log = open(os.path.join(workdir, LOG_FILE), 'a')
       log.write(f'==== {time.strftime("%Y-%m-%d %H:%M:%S")} {line}\n')
@@ -269,7 +278,7 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
     took = f'{clock() - run.started:.0f} s'
     if status == 0:
       outcome.finished.append(run.workdir)
-      if jobs > 1:
+      if logs:
         say(f'finished {run.workdir} in {took}')
     elif status in STOPPED_STATUSES or (status < 0 and run.term_at is not None):
       outcome.stopped.append(run.workdir)
@@ -279,7 +288,7 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
       outcome.failed.append(run.workdir)
       where = (f', see {os.path.join(run.workdir, LOG_FILE)}'
                if run.log is not None else '')
-      if jobs > 1 or stop_after is not None:
+      if logs or stop_after is not None:
         say(f'failed {run.workdir} after {took} (exit {status}{where})')
 
   try:
@@ -372,10 +381,15 @@ def main(argv: Sequence[str]) -> int:
     p.error('--jobs must be >= 1')
   check_data(args)
   runs = plan(args)
-  todo = []
+  todo, held = [], []
   for workdir, cmd in runs:
     if os.path.exists(os.path.join(workdir, 'results.json')):
       print(f'done already: {workdir}', flush=True)
+      continue
+    if os.path.exists(os.path.join(workdir, HELD_FILE)):
+      print(f'held elsewhere: {workdir} ({HELD_FILE}; launch/carry.py)',
+            flush=True)
+      held.append(workdir)
       continue
     if args.dry_run:
       print(' '.join(shlex.quote(c) for c in cmd), flush=True)
@@ -383,8 +397,12 @@ def main(argv: Sequence[str]) -> int:
     todo.append((workdir, cmd))
   if args.stop_after is not None:
     todo = begun_first(todo)
-  outcome = execute(todo, jobs=args.jobs, stop_after=args.stop_after,
-                    min_start_s=args.min_start_s,
+  jobs = max(1, args.jobs - len(held))
+  if jobs < args.jobs:
+    print(f'{len(held)} held run(s) take {args.jobs - jobs} of --jobs '
+          f'{args.jobs}: {jobs} side by side', flush=True)
+  outcome = execute(todo, jobs=jobs, stop_after=args.stop_after,
+                    logs=args.jobs > 1, min_start_s=args.min_start_s,
                     stop_grace_s=args.stop_grace_s)
   failed = list(outcome.failed)
   summary = [sys.executable, '-m', 'lra_msmra.results', '--runs',
@@ -399,14 +417,14 @@ def main(argv: Sequence[str]) -> int:
         failed.append('results table')
   else:
     print('No finished run yet: no results table.', flush=True)
-  if outcome.unfinished:
-    print(f'Unfinished ({len(outcome.unfinished)}; re-run the same command '
-          f'to resume them): {outcome.unfinished}', file=sys.stderr,
-          flush=True)
+  unfinished = outcome.unfinished + held
+  if unfinished:
+    print(f'Unfinished ({len(unfinished)}; re-run the same command '
+          f'to resume them): {unfinished}', file=sys.stderr, flush=True)
   if failed:
     print(f'Failed: {failed}', file=sys.stderr)
     return 1
-  if outcome.unfinished:
+  if unfinished:
     return EXIT_UNFINISHED
   return 0
 

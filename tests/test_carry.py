@@ -101,7 +101,7 @@ def test_round_trip_keeps_what_resumes(tree, tmp_path, capsys):
       num_train_steps=1000, checkpoints='checkpoints/400', best='best/400')
   assert runs['cst/listops/cst_lr2x/seed0']['step'] == 100
   assert runs['cst/listops/transformer/seed0']['finished']
-  assert manifest['left_out'] == []
+  assert manifest['held'] == []
 
   fresh = str(tmp_path / 'fresh')
   carry.unpack(out, fresh)
@@ -258,7 +258,7 @@ def test_unsafe_run_path_refused(tmp_path):
     carry.unpack(out, str(tmp_path / 'root'))
 
 
-def test_limit_leaves_out_the_least_advanced_run(tmp_path, capsys):
+def test_limit_holds_back_the_least_advanced_run(tmp_path, capsys):
   root = str(tmp_path / 'runs')
   fake_run(root, 'p/a/seed0', [300], state_kib=300)
   fake_run(root, 'p/b/seed0', [100], state_kib=300)
@@ -266,27 +266,47 @@ def test_limit_leaves_out_the_least_advanced_run(tmp_path, capsys):
   out = str(tmp_path / 'out')
   # About 0.4 MiB per unfinished run; files: parts of 0.25 MiB + manifest.
   manifest = carry.pack(root, out, part_mib=0.25, max_files=4)
-  assert [r['run'] for r in manifest['runs']] == ['p/a/seed0', 'p/c/seed0']
-  assert [r['run'] for r in manifest['left_out']] == ['p/b/seed0']
-  assert 'LEFT OUT p/b/seed0 (step 100' in capsys.readouterr().err
+  assert manifest['held'] == ['p/b/seed0']
+  runs = {r['run']: r for r in manifest['runs']}
+  assert runs['p/b/seed0']['held'] and runs['p/b/seed0']['step'] == 100
+  assert 'over the limit of 0.8 MiB' in runs['p/b/seed0']['why']
+  assert not runs['p/a/seed0'].get('held')
+  assert 'HELD BACK p/b/seed0 (step 100' in capsys.readouterr().err
   assert len(os.listdir(out)) <= 4
-  # The finished run alone over the limit: refused.
-  with pytest.raises(carry.CarryError, match='finished runs alone'):
+  # On the machine that runs the suite: a stub, which it skips.
+  machine = str(tmp_path / 'machine')
+  carry.unpack(out, machine, held_stubs=True)
+  assert 'held p/b/seed0: its state (step 100) stays where it was packed' in (
+      capsys.readouterr().out)
+  assert sorted(os.listdir(os.path.join(machine, 'p/b/seed0'))) == sorted([
+      carry.CONFIG_FILE, carry.HELD_FILE])
+  with open(os.path.join(machine, 'p/b/seed0', carry.HELD_FILE)) as f:
+    assert json.load(f)['step'] == 100
+  # Packed again there, the stub stays a stub.
+  again = carry.pack(machine, str(tmp_path / 'again'))
+  assert [r['run'] for r in again['runs'] if r.get('held')] == ['p/b/seed0']
+  assert again['held'] == []
+  # Back where the state is: kept as it is; where it is not: named.
+  carry.unpack(str(tmp_path / 'again'), root)
+  said = capsys.readouterr().out
+  assert 'kept p/b/seed0: held back from the carry at step 100; step 100 ' \
+      'here' in said
+  assert not os.path.exists(os.path.join(root, 'p/b/seed0', carry.HELD_FILE))
+  carry.unpack(out, str(tmp_path / 'elsewhere'))
+  assert 'not carried p/b/seed0: held back at step 100' in (
+      capsys.readouterr().out)
+  assert not os.path.exists(str(tmp_path / 'elsewhere' / 'p' / 'b'))
+  # The real state arriving replaces a stub.
+  carry.pack(root, str(tmp_path / 'all'))
+  carry.unpack(str(tmp_path / 'all'), machine, held_stubs=True)
+  assert not os.path.exists(os.path.join(machine, 'p/b/seed0',
+                                         carry.HELD_FILE))
+  assert carry.steps_in(os.path.join(machine, 'p/b/seed0',
+                                     'checkpoints')) == [100]
+  # Finished runs alone over the limit: refused.
+  with pytest.raises(carry.CarryError, match='every unfinished run held'):
     carry.pack(root, out, part_mib=0.001, max_files=2,
                finished_checkpoints=True)
-
-
-def test_stage_copies_only_checked_carry_files(tree, tmp_path):
-  out = str(tmp_path / 'out')
-  manifest = carry.pack(tree, out, part_mib=0.5)
-  _write(os.path.join(out, 'stretch.log'), 'log')
-  staged = str(tmp_path / '.carry')
-  _write(os.path.join(staged, 'carry.tar.gz.009'), 'stale')
-  carry.stage(out, staged)
-  assert sorted(os.listdir(staged)) == sorted(
-      [carry.MANIFEST] + [p['file'] for p in manifest['parts']])
-  with pytest.raises(carry.CarryError, match='over --max_mib 0.1'):
-    carry.stage(out, staged, max_mib=0.1)
 
 
 def test_command_line(tree, tmp_path):
