@@ -56,38 +56,16 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-# quote, join_quoted, fail.
+# quote, join_quoted, fail, run, setup_wheels.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 [[ -n "$out" ]] || { usage >&2; fail 'give OUT_DIR'; }
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 budget="${BUDGET_S:-440}"
-wheels="${WHEELS:-.wheels}"
-site="${SITE:-/tmp/lra_msmra_site}"
 [[ "$budget" =~ ^[0-9]+$ ]] || fail "BUDGET_S=$budget: give whole seconds"
 
-run() {
-  if [[ "$dry_run" == 1 ]]; then join_quoted "$@"; else "$@"; fi
-}
-
-install="${INSTALL_WHEELS:-auto}"
-case "$install" in
-  auto) if "$python" -c 'import ml_collections, tensorboardX' 2>/dev/null
-        then install=no; else install=yes; fi ;;
-  yes|no) ;;
-  *) fail "INSTALL_WHEELS=$install: auto, yes or no" ;;
-esac
-pythonpath="$(pwd)"
-if [[ "$install" == yes ]]; then
-  shopt -s nullglob
-  found=("$wheels"/*.whl)
-  shopt -u nullglob
-  [[ ${#found[@]} -gt 0 ]] || fail "no wheels in $wheels (launch/README.md)"
-  run "$python" -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --upgrade --target "$site" "${found[@]}"
-  pythonpath="$site:$pythonpath"
-fi
+setup_wheels  # Sets pythonpath.
 
 run mkdir -p "$out"
 cmd=(env XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
