@@ -106,11 +106,6 @@ class Preempted(Exception):
 # -------------------------------------------------------------------- helpers
 
 
-def model_spec(data: pipeline.TaskData) -> dict[str, Any]:
-  return {'vocab_size': data.vocab_size, 'num_classes': data.num_classes,
-          'max_len': data.max_len, 'dual': data.dual}
-
-
 def flops_config(config: ml_collections.ConfigDict
                  ) -> tuple[ml_collections.ConfigDict, Optional[str]]:
   """The config whose training step's FLOPs are counted, and the
