@@ -30,6 +30,12 @@ relative to softmax's under the same protocol, from runs known (by their
 softmax's, and all circles have one size (memory unknown). Averages over
 fewer than five tasks are marked.
 
+Learning-rate searches (`launch/suite.py --lr_bracket`, the CST paper's
+protocol): runs of one config file and seed that differ only in the
+learning rate get one more row, `<config> (learning rate by validation)`,
+made of the run of each seed with the best validation accuracy
+(`select_by_validation`); every rate keeps its own row as well.
+
 Outputs in `--out`: `results.md` (also printed), `results_table.json` (the
 aggregated rows; not named results.json, so that an output folder inside
 the runs' folder is never read back as a run) and `results_bubble.png`.
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import math
 import os
@@ -167,6 +174,7 @@ def label_runs(runs: Sequence[dict[str, Any]],
                   if ref == ours), None)
     if match is not None:
       run['mechanism'], run['official'] = match
+      run['config_label'] = match[0]
       if not run['official']:
         run['runlocal'] = True
         run['changes'] = ['the runlocal option']
@@ -176,10 +184,80 @@ def label_runs(runs: Sequence[dict[str, Any]],
           fingerprint_lib.differences(ours, c[1])))
       run['changes'] = fingerprint_lib.differences(ours, ref)
       run['mechanism'] = f'{label} ({", ".join(run["changes"])})'
+      run['config_label'] = label
       continue
     knobs = ','.join(f'{k}={v}' for k, v in sorted(run['attention_kw'].items()))
     run['mechanism'] = run['attention'] + (f'[{knobs}]' if knobs else '')
     run['changes'] = ['no config file of this attention to compare with']
+
+
+# Schedule keys that hold the learning rate (those `launch/suite.py
+# --lr_bracket` scales).
+LEARNING_RATE_KEYS = ('learning_rate', 'max_learning_rate',
+                      'base_learning_rate')
+SEARCH_LABEL = 'learning rate by validation'
+
+
+def _rate_change(run: Mapping[str, Any]) -> Optional[str]:
+  """'' for a run of an official config as it is; its learning rate
+  (`schedule.<key>=value`) when that is the run's only change from an
+  official config; None otherwise."""
+  if run.get('official'):
+    return ''
+  changes = run.get('changes') or []
+  keys = {f'schedule.{k}' for k in LEARNING_RATE_KEYS}
+  if len(changes) == 1 and changes[0].split('=', 1)[0] in keys:
+    return changes[0]
+  return None
+
+
+def select_by_validation(runs: Sequence[Mapping[str, Any]]
+                         ) -> list[dict[str, Any]]:
+  """The learning-rate search of the CST paper's protocol, one run per seed.
+
+  Runs of one official config file and seed (same protocol, task and data)
+  that differ only in the schedule's learning rate (the workdirs
+  `launch/suite.py --lr_bracket` writes) form a search. From each search of
+  two rates or more, the run with the best validation accuracy (of its
+  best-validation checkpoint) is returned as a copy labelled `<config>
+  (learning rate by validation)`, official when its config file is, with
+  `searched` (the rates, the chosen one first) and one fingerprint for the
+  whole search, so that seeds that chose different rates are averaged in
+  one row. Ties go to the config's own rate, then to the smaller rate. The
+  runs themselves keep their rows.
+  """
+  groups: dict[tuple[Any, ...], list[tuple[str, Mapping[str, Any]]]] = {}
+  for run in runs:
+    rate = _rate_change(run)
+    if rate is None or 'config_label' not in run:
+      continue
+    key = (run['protocol'], run['task'], run['config_label'],
+           data_label(run['data_source']), run.get('config', {}).get('seed'))
+    groups.setdefault(key, []).append((rate, run))
+  selected = []
+  for (_, _, label, _, _), members in sorted(groups.items(),
+                                             key=lambda kv: str(kv[0])):
+    if len({rate for rate, _ in members}) < 2:
+      continue
+
+    def order(member):
+      rate, run = member
+      value = rate.split('=', 1)[1] if rate else ''
+      val = (run.get('best') or {}).get('val_accuracy')
+      return (-(val if val is not None else -1.0), rate != '',
+              float(value) if value else 0.0)
+
+    rate, best = min(members, key=order)
+    copy = dict(best)
+    copy['mechanism'] = f'{label} ({SEARCH_LABEL})'
+    copy['official'] = any(r.get('official') for _, r in members)
+    copy['changes'] = []
+    copy['searched'] = [rate or 'the config\'s own'] + sorted(
+        r or 'the config\'s own' for r, _ in members if r != rate)
+    copy['fingerprint'] = 'search-' + hashlib.sha256(','.join(sorted(
+        {r['fingerprint'] for _, r in members})).encode()).hexdigest()[:8]
+    selected.append(copy)
+  return selected
 
 
 LAST_PROCESS = ' (last process)'
@@ -859,7 +937,7 @@ def main(argv: Sequence[str]) -> None:
                      f'{args.runs}.')
   runs = [load_run(p) for p in paths]
   label_runs(runs)
-  rows = aggregate(runs)
+  rows = aggregate(runs + select_by_validation(runs))
   os.makedirs(args.out, exist_ok=True)
   text = markdown(rows, runs)
   runs_by_dir = {os.path.dirname(r['path']): r for r in runs}

@@ -560,3 +560,38 @@ def test_suite_learning_rate_bracket(tmp_path):
   bad = subprocess.run(cmd[:9] + ['--lr_bracket', 'x'] + cmd[11:],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert bad.returncode != 0 and '--lr_bracket' in bad.stderr
+
+
+def test_learning_rate_search_picks_the_best_validation_rate(tmp_path):
+  # Two seeds of `cst:cst`, each at the config's own rate (1e-5) and at
+  # 2x; the chosen run is the better one on validation, not on test.
+  for seed, (own_val, own_test, x2_val, x2_test) in enumerate(
+      [(0.30, 0.40, 0.35, 0.33), (0.36, 0.31, 0.20, 0.39)]):
+    for rate, val, test in ((None, own_val, own_test),
+                            (2e-5, x2_val, x2_test)):
+      folder = tmp_path / ('cst' if rate is None else 'cst_lr2x') / str(seed)
+      _write_run(str(folder), 'listops', 'cst', 'cst', test, seed,
+                 overrides=({} if rate is None else
+                            {'schedule.learning_rate': rate}))
+      path = folder / 'results.json'
+      record = json.loads(path.read_text())
+      record['best']['val_accuracy'] = val
+      path.write_text(json.dumps(record))
+  runs = _labelled(str(tmp_path))
+  picked = results.select_by_validation(runs)
+  assert [p['mechanism'] for p in picked] == [
+      'cst (learning rate by validation)'] * 2
+  by_seed = {p['config']['seed']: p for p in picked}
+  assert by_seed[0]['test_accuracy'] == 0.33  # 2x: validation 35 > 30
+  assert by_seed[1]['test_accuracy'] == 0.31  # own rate: 36 > 20
+  assert by_seed[0]['searched'][0] == 'schedule.learning_rate=2e-05'
+  assert by_seed[1]['searched'][0] == "the config's own"
+  assert all(p['official'] for p in picked)
+  # Both seeds searched the same rates: one row, averaged over them.
+  rows = [r for r in results.aggregate(runs + picked)
+          if r['mechanism'].endswith('(learning rate by validation)')]
+  assert len(rows) == 1 and rows[0]['tasks']['listops']['n'] == 2
+  assert abs(rows[0]['tasks']['listops']['mean'] - 32.0) < 1e-9
+  # A lone rate is no search.
+  assert results.select_by_validation(
+      [r for r in runs if r['official']]) == []
