@@ -26,10 +26,9 @@ Runs, from the repository root, within BUDGET_S seconds in all:
   (STOP = BUDGET_S - RESERVE_S - the seconds spent before the suite)
   python3 launch/carry.py pack $RUNS OUT_DIR --part_mib $PART_MIB \
       --max_files 7
-  [cat $RUNS/<protocol>/summary/results.md]
 all printed into OUT_DIR/stretch.log as well. OUT_DIR then holds at most 8
 files: carry.json, carry.tar.gz.000 ... (at most 6 parts: 90 MiB) and
-stretch.log, which ends with the results table. Exit status: the suite's
+stretch.log, which holds the results table (the suite prints it). Exit status: the suite's
 (0 all finished, 3 runs unfinished: run the next stretch, 1 a run failed),
 or 2 when a step before the suite, or the packing, failed.
 
@@ -100,7 +99,6 @@ done
 
 # What the suite flags say about the data; the flags this script sets.
 tasks='listops,text,retrieval,image,pathfinder'  # launch/suite.py's default.
-protocol=lra
 data_given=0
 generated=0
 for ((i = 0; i < ${#extra[@]}; i++)); do
@@ -109,7 +107,6 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
   [[ "$arg" == *=* ]] && value="${arg#*=}"
   case "$arg" in
     --tasks|--tasks=*) tasks="$value" ;;
-    --protocol|--protocol=*) protocol="$value" ;;
     --data_dir|--data_dir=*) data_given=1 ;;
     --options|--options=*) [[ ",$value," == *,runlocal,* ]] && generated=1 ;;
     --override|--override=*)
@@ -154,10 +151,6 @@ stretch() {
     status=$?
   run "$python" launch/carry.py pack "$runs" "$out" --part_mib "$part_mib" \
     --max_files 7 || fail 'packing the runs failed'
-  local table="$runs/$protocol/summary/results.md"
-  if [[ "$dry_run" == 1 || -f "$table" ]]; then
-    run cat "$table"
-  fi
   if [[ "$dry_run" == 0 ]]; then
     echo "stretch: suite exit status $status (0 all finished, 3 unfinished:" \
       "run another stretch, 1 failed) after $SECONDS s"

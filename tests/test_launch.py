@@ -195,8 +195,8 @@ def _stub(tmp_path, name, code):
 def test_suite_stop_after_stops_runs_and_starts_none_late(tmp_path, capsys):
   runs = [_stub(tmp_path, 'a', OK), _stub(tmp_path, 'b', STOPS),
           _stub(tmp_path, 'c', OK)]
-  # `a` ends after about 0.3 s: with 2 s to go, under min_start_s are left.
-  outcome = suite.execute(runs, jobs=2, stop_after=2.0, min_start_s=1.8,
+  # `a` ends after 0.3 s or more: then under min_start_s are left.
+  outcome = suite.execute(runs, jobs=2, stop_after=3.0, min_start_s=2.8,
                           poll_s=0.02)
   assert outcome.finished == [runs[0][0]]
   assert outcome.stopped == [runs[1][0]]
@@ -207,7 +207,7 @@ def test_suite_stop_after_stops_runs_and_starts_none_late(tmp_path, capsys):
   assert said[0].startswith(f'start {a} (log {a}/run.log): ')
   assert said[1].startswith(f'start {b} (log {b}/run.log): ')
   assert said[2].startswith(f'finished {a} in ')
-  assert said[3:] == [f'not started {c}: under 1.8 s left',
+  assert said[3:] == [f'not started {c}: under 2.8 s left',
                       f'deadline: SIGTERM to {b}',
                       said[5]]
   assert said[5].startswith(f'stopped {b} after ') and said[5].endswith(
@@ -220,7 +220,7 @@ def test_suite_stop_after_stops_runs_and_starts_none_late(tmp_path, capsys):
 def test_suite_kills_a_run_deaf_to_sigterm_and_reports_failures(
     tmp_path, capsys):
   runs = [_stub(tmp_path, 'deaf', IGNORES), _stub(tmp_path, 'bad', FAILS)]
-  outcome = suite.execute(runs, jobs=2, stop_after=1.0, min_start_s=0,
+  outcome = suite.execute(runs, jobs=2, stop_after=2.0, min_start_s=0,
                           stop_grace_s=0.3, poll_s=0.02)
   assert outcome.failed == [runs[1][0]]
   assert outcome.stopped == [runs[0][0]] and not outcome.finished
@@ -277,9 +277,10 @@ def test_suite_skips_held_runs_and_counts_them(tmp_path, monkeypatch,
       f'held elsewhere: {held} (carry_held.json; launch/carry.py)',
       '1 held run(s) take 1 of --jobs 2: 1 side by side']
   # One run at a time: `b` starts once `a` has finished.
-  assert [l.split('] ', 1)[1].split(' (')[0] for l in said[2:6]] == [
-      f'start {runs[1][0]}', f'finished {runs[1][0]} in 0 s',
-      f'start {runs[2][0]}', f'finished {runs[2][0]} in 0 s']
+  assert [l.split('] ', 1)[1].split(' (')[0].split(' in ')[0]
+          for l in said[2:6]] == [
+              f'start {runs[1][0]}', f'finished {runs[1][0]}',
+              f'start {runs[2][0]}', f'finished {runs[2][0]}']
   assert err.splitlines()[-1] == (
       f"Unfinished (1; re-run the same command to resume them): ['{held}']")
 
@@ -374,16 +375,14 @@ def test_gpu_stretch_dry_run(tmp_path):
        '--root', 'runs/stretch', '--jobs', '2', '--stop_after', '425',
        '--stop_grace_s', '30', '--data_dir', '/scratch/data', *flags],
       ['python3', 'launch/carry.py', 'pack', 'runs/stretch', out,
-       '--part_mib', '15', '--max_files', '7'],
-      ['cat', 'runs/stretch/cst/summary/results.md']]
+       '--part_mib', '15', '--max_files', '7']]
   # Data given, nothing carried, wheels there: no pip, no generation.
   got = lines(stretch('--dry_run', out, '--', '--tasks=listops,text',
                       '--data_dir=/d', INSTALL_WHEELS='no', JOBS='3',
                       CARRY=str(tmp_path / 'none'), RUNS='r'))
   assert [g[:2] for g in got] == [['mkdir', '-p'], ['env', 'PYTHONPATH=' +
                                                     helpers.ROOT],
-                                  ['python3', 'launch/carry.py'],
-                                  ['cat', 'r/lra/summary/results.md']]
+                                  ['python3', 'launch/carry.py']]
   assert got[1][-4:] == ['--stop_grace_s', '30', '--tasks=listops,text',
                          '--data_dir=/d']
   assert got[1][got[1].index('--jobs') + 1] == '3'
