@@ -28,9 +28,10 @@ Runs, from the repository root, within BUDGET_S seconds in all:
       --max_files 7
 all printed into OUT_DIR/stretch.log as well. OUT_DIR then holds at most 8
 files: carry.json, carry.tar.gz.000 ... (at most 6 parts: 90 MiB) and
-stretch.log, which holds the results table (the suite prints it). Exit status: the suite's
-(0 all finished, 3 runs unfinished: run the next stretch, 1 a run failed),
-or 2 when a step before the suite, or the packing, failed.
+stretch.log, which holds the results table (the suite prints it). Exit
+status: the suite's (0 all finished, 3 runs unfinished: run the next
+stretch, 1 a run failed), or 2 when a step before the suite, or the
+packing, failed.
 
 Between stretches, on the workstation (launch/README.md):
   python3 launch/carry.py unpack OUT_DIR runs/NAME        # the runs so far
@@ -47,7 +48,8 @@ Environment:
   RUNS           the suite's --root (default runs/stretch)
   CARRY          folder of carried-in state (default .carry)
   DATA           folder for generated ListOps data; keep it the same in
-                 every stretch, runs record it (default /tmp/lra_msmra_data)
+                 every stretch, runs record it (default runs/listops_data,
+                 relative to the repository root, where the runs run)
   PART_MIB       largest part packed (default 15)
   WHEELS, SITE, INSTALL_WHEELS, PYTHON  as in launch/gpu_benchmark.sh
 
@@ -86,7 +88,7 @@ grace="${STOP_GRACE_S:-30}"
 jobs="${JOBS:-2}"
 runs="${RUNS:-runs/stretch}"
 carry="${CARRY:-.carry}"
-data="${DATA:-/tmp/lra_msmra_data}"
+data="${DATA:-runs/listops_data}"
 part_mib="${PART_MIB:-15}"
 for pair in BUDGET_S:budget RESERVE_S:reserve STOP_GRACE_S:grace JOBS:jobs; do
   var="${pair#*:}"
@@ -113,7 +115,8 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
       [[ "${value// /}" == data.generate=True ]] && generated=1 ;;
     --root|--root=*|--jobs|--jobs=*|--stop_after|--stop_after=*|\
     --stop_grace_s|--stop_grace_s=*)
-      fail "${arg%%=*} is set by this script (RUNS, JOBS, BUDGET_S, STOP_GRACE_S)" ;;
+      fail "${arg%%=*} is set by this script (RUNS, JOBS, BUDGET_S," \
+        "STOP_GRACE_S)" ;;
   esac
 done
 generate=0

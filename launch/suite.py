@@ -235,8 +235,9 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
   With `logs` (default: `jobs` > 1) a run's output goes to
   `<workdir>/run.log` and one line is printed when a run starts and one
   when it ends; without, to this process's stdout and stderr, and only its
-  command line is printed first (as without --jobs). `stop_after` (seconds from now): see the module
-  docstring. A SIGTERM to this process moves the deadline to now.
+  command line is printed first (as without --jobs). `stop_after` (seconds
+  from now): see the module docstring. A SIGTERM to this process moves the
+  deadline to now.
   """
   outcome = Outcome()
   logs = jobs > 1 if logs is None else logs
@@ -245,14 +246,15 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
   pending = list(runs)
   running: list[_Run] = []
   term = []
-  previous = None
+  handled = False
   try:
     previous = signal.signal(signal.SIGTERM, lambda *_: term.append(1))
+    handled = True
   except ValueError:  # Not the main thread: no handler.
     pass
 
   def say(text: str) -> None:
-    if logs or stop_after is not None:
+    if logs or deadline is not None:
       print(f'[{clock() - begin:6.0f} s] {text}', flush=True)
 
   def start(workdir: str, cmd: list[str]) -> None:
@@ -280,7 +282,8 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
       outcome.finished.append(run.workdir)
       if logs:
         say(f'finished {run.workdir} in {took}')
-    elif status in STOPPED_STATUSES or (status < 0 and run.term_at is not None):
+    elif status in STOPPED_STATUSES or (status < 0 and
+                                        run.term_at is not None):
       outcome.stopped.append(run.workdir)
       say(f'stopped {run.workdir} after {took} (exit {status}): '
           'unfinished, resumes from its checkpoint')
@@ -288,7 +291,7 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
       outcome.failed.append(run.workdir)
       where = (f', see {os.path.join(run.workdir, LOG_FILE)}'
                if run.log is not None else '')
-      if logs or stop_after is not None:
+      if logs or deadline is not None:
         say(f'failed {run.workdir} after {took} (exit {status}{where})')
 
   try:
@@ -334,7 +337,7 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
     for run in running:  # Only after an exception: stop what is left.
       if run.proc.poll() is None:
         run.proc.kill()
-    if previous is not None:
+    if handled:
       signal.signal(signal.SIGTERM, previous)
   return outcome
 
