@@ -803,6 +803,8 @@ def curves_chart(run_dirs: Sequence[str],
     handles, labels = axes[row][-1].get_legend_handles_labels()
     if not handles:  # No validation yet: the first panel's lines.
       handles, labels = axes[row][0].get_legend_handles_labels()
+    if not handles:  # Nothing logged yet in this row.
+      continue
     axes[row][-1].legend(
         handles, labels, loc='upper left', bbox_to_anchor=(1.02, 1.0),
         borderaxespad=0.0, fontsize=7, handlelength=3.0,

@@ -595,3 +595,17 @@ def test_learning_rate_search_picks_the_best_validation_rate(tmp_path):
   # A lone rate is no search.
   assert results.select_by_validation(
       [r for r in runs if r['official']]) == []
+
+
+def test_a_run_with_nothing_logged_yet_gets_no_legend(tmp_path):
+  run = tmp_path / 'runs' / 'xiong' / 'listops' / 'cst' / 'seed0'
+  (run / 'tensorboard').mkdir(parents=True)
+  (run / 'config.json').write_text(json.dumps(
+      {'model': {'attention': 'cst'}, 'protocol': 'xiong',
+       'task': 'listops', 'seed': 0}))
+  (run / 'tensorboard' / 'metrics.jsonl').write_text('')
+  results.main(['results', '--runs', str(tmp_path / 'runs'),
+                '--out', str(tmp_path / 'out')])
+  table = json.loads((tmp_path / 'out' / results.TABLE_FILE).read_text())
+  assert table['rows'] == [] and [c['finished'] for c in
+                                  table['curves']] == [False]
