@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One stretch of a suite (launch/suite.py) on a GPU machine that starts bare
 # and is lent for a few minutes at a time: install the wheels, generate the
-# ListOps data, unpack the runs carried in from the last stretch (.carry/),
+# ListOps or Pathfinder data, unpack the runs carried in from the last stretch (.carry/),
 # run the suite until a deadline (the runs still going checkpoint and stop),
 # then pack what the runs need to resume into OUT_DIR (launch/carry.py), to
 # be carried into the next stretch. launch/README.md describes the loop.
@@ -15,8 +15,12 @@ Runs, from the repository root, within BUDGET_S seconds in all:
   [pip install of .wheels/*.whl into $SITE, if ml_collections or
    tensorboardX is missing]
   [python3 -m lra_msmra.data.prepare --generate_listops --out $DATA
-   when --tasks is listops only and SUITE_FLAGS give no --data_dir; the
-   suite then gets --data_dir $DATA]
+   when --tasks is listops only, or
+   python3 -m lra_msmra.data.prepare --generate_pathfinder --out $DATA \
+      --pathfinder_sets 32/DIFFICULTY --workers <cores>
+   when --tasks is pathfinder only (DIFFICULTY: hard, LRA's, unless an
+   --override data.difficulty=... says otherwise), and SUITE_FLAGS give no
+   --data_dir; the suite then gets --data_dir $DATA]
   [python3 launch/carry.py unpack $CARRY $RUNS --held_stubs, if
    $CARRY/carry.json exists]
   XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=[$SITE:]$PWD \
@@ -47,8 +51,8 @@ Environment:
                  ListOps `:cst` runs, launch/README.md)
   RUNS           the suite's --root (default runs/stretch)
   CARRY          folder of carried-in state (default .carry)
-  DATA           folder for generated ListOps data; keep it the same in
-                 every stretch, runs record it (default runs/listops_data,
+  DATA           folder for the generated data; keep it the same in
+                 every stretch, runs record it (default runs/<task>_data,
                  relative to the repository root, where the runs run)
   PART_MIB       largest part packed (default 15)
   WHEELS, SITE, INSTALL_WHEELS, PYTHON  as in launch/gpu_benchmark.sh
@@ -88,7 +92,6 @@ grace="${STOP_GRACE_S:-30}"
 jobs="${JOBS:-2}"
 runs="${RUNS:-runs/stretch}"
 carry="${CARRY:-.carry}"
-data="${DATA:-runs/listops_data}"
 part_mib="${PART_MIB:-15}"
 for pair in BUDGET_S:budget RESERVE_S:reserve STOP_GRACE_S:grace JOBS:jobs; do
   var="${pair#*:}"
@@ -103,6 +106,7 @@ done
 tasks='listops,text,retrieval,image,pathfinder'  # launch/suite.py's default.
 data_given=0
 generated=0
+difficulty=hard  # configs/pathfinder/base.py's data.difficulty.
 for ((i = 0; i < ${#extra[@]}; i++)); do
   arg="${extra[$i]}"
   value="${extra[$((i + 1))]:-}"
@@ -112,7 +116,9 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
     --data_dir|--data_dir=*) data_given=1 ;;
     --options|--options=*) [[ ",$value," == *,runlocal,* ]] && generated=1 ;;
     --override|--override=*)
-      [[ "${value// /}" == data.generate=True ]] && generated=1 ;;
+      [[ "${value// /}" == data.generate=True ]] && generated=1
+      [[ "${value// /}" == data.difficulty=* ]] && difficulty="${value#*=}"
+      ;;
     --root|--root=*|--jobs|--jobs=*|--stop_after|--stop_after=*|\
     --stop_grace_s|--stop_grace_s=*)
       fail "${arg%%=*} is set by this script (RUNS, JOBS, BUDGET_S," \
@@ -121,10 +127,19 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
 done
 generate=0
 if [[ "$data_given" == 0 && "$generated" == 0 ]]; then
-  [[ "$tasks" == listops ]] || fail "--tasks $tasks: only ListOps data is \
-generated here; give --data_dir for other tasks"
+  case "$tasks" in
+    listops) prepare=(--generate_listops) ;;
+    pathfinder)
+      [[ "$difficulty" =~ ^(easy|intermediate|hard)$ ]] ||
+        fail "data.difficulty=$difficulty: easy, intermediate or hard"
+      prepare=(--generate_pathfinder --pathfinder_sets "32/$difficulty"
+               --workers "$(nproc 2>/dev/null || echo 1)") ;;
+    *) fail "--tasks $tasks: ListOps or Pathfinder data is generated here \
+(one task at a time); give --data_dir for other tasks" ;;
+  esac
   generate=1
 fi
+data="${DATA:-runs/${tasks}_data}"
 
 stretch() {
   set -e
@@ -133,8 +148,8 @@ stretch() {
                PYTHONUNBUFFERED=1)
   local suite_data=()
   if [[ "$generate" == 1 ]]; then
-    run "${pyenv[@]}" "$python" -m lra_msmra.data.prepare --generate_listops \
-      --out "$data" || fail 'generating the ListOps data failed'
+    run "${pyenv[@]}" "$python" -m lra_msmra.data.prepare "${prepare[@]}" \
+      --out "$data" || fail "generating the $tasks data failed"
     suite_data=(--data_dir "$data")
   fi
   if [[ -f "$carry/carry.json" ]]; then

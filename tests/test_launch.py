@@ -389,18 +389,33 @@ def test_gpu_stretch_dry_run(tmp_path):
   assert got[1][got[1].index('--stop_after') + 1] == '465'
 
 
+def test_gpu_stretch_generates_pathfinder(tmp_path):
+  flags = ['--protocol', 'xiong', '--tasks', 'pathfinder', '--mechanisms',
+           'cst', '--override', 'data.difficulty=easy']
+  got = lines(stretch('--dry_run', str(tmp_path / 'o'), '--', *flags,
+                      INSTALL_WHEELS='no', CARRY=str(tmp_path / 'none')))
+  prepare = got[1]
+  assert prepare[prepare.index('-m'):prepare.index('--workers')] == [
+      '-m', 'lra_msmra.data.prepare', '--generate_pathfinder',
+      '--pathfinder_sets', '32/easy']
+  assert prepare[-2:] == ['--out', 'runs/pathfinder_data']
+  assert got[2][got[2].index('--data_dir') + 1] == 'runs/pathfinder_data'
+
+
 @pytest.mark.parametrize('args,env,message', [
     ([], {}, 'give OUT_DIR'),
     (['o'], {'BUDGET_S': '9m'}, 'BUDGET_S=9m'),
     (['o'], {'BUDGET_S': '60', 'RESERVE_S': '75'}, 'must exceed'),
     (['o', '--', '--tasks', 'listops,image'], {}, 'give --data_dir'),
     (['o', '--'], {}, 'give --data_dir'),
+    (['o', '--', '--tasks', 'pathfinder', '--override',
+      'data.difficulty=medium'], {}, 'data.difficulty=medium'),
     (['o', '--', '--tasks', 'listops', '--jobs', '3'], {},
      '--jobs is set by this script'),
     (['o', '--', '--tasks', 'listops', '--stop_after=9'], {},
      '--stop_after is set by this script'),
-], ids=['no_out', 'budget', 'reserve', 'other_task', 'default_tasks', 'jobs',
-        'stop_after'])
+], ids=['no_out', 'budget', 'reserve', 'other_task', 'default_tasks',
+        'difficulty', 'jobs', 'stop_after'])
 def test_gpu_stretch_errors(args, env, message):
   proc = stretch('--dry_run', *args, INSTALL_WHEELS='no', **env)
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
