@@ -2,14 +2,16 @@
 
 One encoder serves every task and every attention mechanism (docs/protocol.md
 §3): token embedding, optional CLS token, position embedding, pre-LN blocks,
-final LayerNorm. The attention inside each block is looked up by name in
-`lra_msmra.attention.REGISTRY` and built from `attention_kw`, so unknown knobs
-fail at construction.
+final LayerNorm. The attention of every block comes from one
+`lra_msmra.attention.Mechanism` (`attention_mechanism`: the registry name,
+`attention_kw` and the model's attention fields), so unknown knobs fail at
+construction.
 
 Model-level parameters of a mechanism (shared by all layers) come from the
-class's `shared_module`: the encoder creates it once as `attention_shared` and
-passes its output to every layer. Mechanisms that carry their own positional
-information set `pos_emb='none'` in their configs.
+same object (`Mechanism.shared_inputs`): the encoder creates them once as
+`attention_shared` and passes their output to every layer. Mechanisms that
+carry their own positional information set `pos_emb='none'` in their
+configs.
 
 Two initialisation styles are available:
 
@@ -104,39 +106,33 @@ class MlpBlock(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-  """Pre-LN block: x + Drop(Attn(LN(x))), then x + MLP(LN(x))."""
-  attention: str
-  attention_kw: Mapping[str, Any]
-  num_heads: int
-  qkv_dim: int
+  """Pre-LN block: x + Drop(Attn(LN(x))), then x + MLP(LN(x)).
+
+  Attributes:
+    mechanism: the attention's settings (`attention_mechanism`); the block
+      adds only the initialisers of `init_style`.
+  """
+  mechanism: attention_lib.Mechanism
   mlp_dim: int
   dropout_rate: float
-  attention_dropout_rate: float
   layer_norm_eps: float
   gelu_approximate: bool
-  attention_bias: bool
   init_style: str
-  causal: bool
   dtype: Any
 
   @nn.compact
   def __call__(self, x: Array, *, padding_mask: Array, deterministic: bool,
-               shared: Any = None) -> Array:
-    attention_cls = attention_lib.get_attention(self.attention)
+               **shared: Any) -> Array:
+    """`shared`: the output of `Mechanism.shared_inputs`, for the layer."""
     kernel_init, bias_for = _initializers(self.init_style)
     init_kw = {}
     if self.init_style == 'torch':
       init_kw = dict(kernel_init=kernel_init, bias_init=bias_for(x.shape[-1]))
-    layer = attention_cls(
-        num_heads=self.num_heads, qkv_features=self.qkv_dim,
-        dropout_rate=self.attention_dropout_rate, causal=self.causal,
-        dtype=self.dtype, use_bias=self.attention_bias, name='attention',
-        **init_kw, **dict(self.attention_kw))
-    call_kw = {} if shared is None else {'shared': shared}
+    layer = self.mechanism.layer(name='attention', **init_kw)
     h = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      name='ln_attention')(x)
     h = layer(h, padding_mask=padding_mask, deterministic=deterministic,
-              **call_kw)
+              **shared)
     x = x + nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     h = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      name='ln_mlp')(x)
@@ -211,24 +207,17 @@ class Encoder(nn.Module):
       raise ValueError(f'Unknown pos_emb {self.pos_emb!r}; valid: {POS_EMBS}.')
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
 
-    attention_cls = attention_lib.get_attention(self.attention)
-    shared_module = attention_cls.shared_module(
-        dict(self.attention_kw), features=self.emb_dim, max_len=table_len,
-        name='attention_shared', causal=self.causal)
-    shared = None if shared_module is None else shared_module()
-
+    mechanism = attention_mechanism(
+        {key: getattr(self, key) for key in ATTENTION_KEYS})
+    shared = mechanism.shared_inputs(features=self.emb_dim, max_len=table_len)
     for i in range(self.num_layers):
       x = EncoderBlock(
-          attention=self.attention, attention_kw=self.attention_kw,
-          num_heads=self.num_heads, qkv_dim=self.qkv_dim, mlp_dim=self.mlp_dim,
-          dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate,
-          layer_norm_eps=self.layer_norm_eps,
-          gelu_approximate=self.gelu_approximate,
-          attention_bias=self.attention_bias, init_style=self.init_style,
-          causal=self.causal, dtype=self.dtype, name=f'block_{i}')(
+          mechanism=mechanism, mlp_dim=self.mlp_dim,
+          dropout_rate=self.dropout_rate, layer_norm_eps=self.layer_norm_eps,
+          gelu_approximate=self.gelu_approximate, init_style=self.init_style,
+          dtype=self.dtype, name=f'block_{i}')(
               x, padding_mask=padding_mask, deterministic=deterministic,
-              shared=shared)
+              **shared)
     x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype,
                      name='encoder_norm')(x)
     return x, padding_mask
@@ -345,12 +334,35 @@ class DualEncoderClassifier(nn.Module):
                           self.encoder.init_style, name='head')(features)
 
 
+# The keys of config.model (also fields of `Encoder`) that set its attention.
+ATTENTION_KEYS = ('attention', 'attention_kw', 'num_heads', 'qkv_dim',
+                  'attention_dropout_rate', 'causal', 'dtype',
+                  'attention_bias')
+
+
+def attention_mechanism(m: Mapping[str, Any]) -> attention_lib.Mechanism:
+  """The attention of `config.model`: one object for all layers and the
+  model-level shared module.
+
+  Args:
+    m: `config.model`, or any mapping of `ATTENTION_KEYS` (the encoder
+      passes its fields of those names).
+
+  Raises:
+    ValueError: `m['attention']` is not registered.
+  """
+  return attention_lib.Mechanism(
+      m['attention'], m['attention_kw'],
+      dict(num_heads=m['num_heads'], qkv_features=m['qkv_dim'],
+           dropout_rate=m['attention_dropout_rate'], causal=m['causal'],
+           dtype=jnp.dtype(m['dtype']), use_bias=m['attention_bias']))
+
+
 def check_config(m: Mapping[str, Any]) -> None:
   """Checks `config.model`: its values and the attention's knobs.
 
-  The attention class is built once from `num_heads`, `qkv_dim`,
-  `attention_dropout_rate`, `causal`, `dtype` and `attention_kw`, which
-  checks its `implementation` and runs its `check_knobs` hook (see
+  The attention (`attention_mechanism`) builds one layer, which checks its
+  `implementation` and runs its `check_knobs` hook (see
   `lra_msmra.attention.base.Attention`). What depends on the input length
   is checked when the model is traced (`lra_msmra.validation`).
 
@@ -396,12 +408,11 @@ def check_config(m: Mapping[str, Any]) -> None:
   if not isinstance(m['attention_kw'], (ml_collections.ConfigDict, dict)):
     raise ValueError(f"config.model.attention_kw={m['attention_kw']!r} must "
                      "be a ConfigDict of the mechanism's knobs.")
-  cls = attention_lib.get_attention(m['attention'])
+  mechanism = attention_mechanism(m)
+  cls = mechanism.layer_class
   kw = dict(m['attention_kw'])
   try:
-    cls(num_heads=m['num_heads'], qkv_features=m['qkv_dim'],
-        dropout_rate=m['attention_dropout_rate'], causal=m['causal'],
-        dtype=jnp.dtype(m['dtype']), **kw)
+    mechanism.check()
   except TypeError as e:
     raise ValueError(
         f'config.model.attention_kw={kw} does not fit '
@@ -417,7 +428,7 @@ def check_config(m: Mapping[str, Any]) -> None:
 
 def unsupported(m: Mapping[str, Any], error: Exception) -> ValueError:
   """The error for a combination the mechanism has no form for."""
-  cls = attention_lib.get_attention(m['attention'])
+  cls = attention_mechanism(m).layer_class
   if m['causal']:
     return ValueError(
         f"config.model.causal=True: {cls.__name__} ({m['attention']!r}) "

@@ -204,10 +204,10 @@ class _CountingTables(nn.Module):
 class _SharedUser(attention.Attention):
   """Test mechanism: softmax attention plus a model-level shared vector."""
 
-  @classmethod
-  def shared_module(cls, attention_kw, *, features, max_len, name, causal):
-    # `causal` is required here: the encoder must say which form it builds.
-    assert causal is False
+  @nn.nowrap
+  def shared_module(self, *, features, max_len, name):
+    # Called on a layer built like the model's: its fields are theirs.
+    assert self.causal is False and self.num_heads == 4
     return _CountingTables(features=features, name=name)
 
   @nn.compact

@@ -458,16 +458,9 @@ class AdaMRAAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies AdaMRA (called by `base.Attention.__call__`).
+    """Applies AdaMRA; see `base.Attention.attend`.
 
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables landmark dropout.
-
-    Returns:
-      `[batch, length, out_features]` (zeroed at padded positions by the
-      caller).
+    `deterministic` disables landmark dropout.
     """
     qkv, head_dim, out_features = self.head_dims(x)
     lengths = segment_lengths(self.compression_rates)
@@ -478,9 +471,7 @@ class AdaMRAAttention(base.Attention):
 
     # First stage (Eq. 1); with 'single' it is the only stage.
     if self.projections == 'single':
-      q = self.projection(head_dim, 'query')(x)  # [b, n, S, d]
-      k = self.projection(head_dim, 'key')(x)
-      v = self.projection(head_dim, 'value')(x)
+      q, k, v = self.project_qkv(x)  # [b, n, S, d]
       router_in = q.reshape(batch, padded_len, qkv)
     else:
       q = self._dense(qkv, 'query')(x)  # [b, n, qkv]

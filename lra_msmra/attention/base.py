@@ -21,10 +21,18 @@ layer returns there. The one exception is the softmax baseline
 padded rows, because LRA's unmasked MEAN pooling and its CLS query on a
 black pixel read them (docs/mechanisms/softmax.md §3.2, pitfalls P8, P9).
 
-A mechanism that needs parameters owned by the whole model (shared by every
-layer, e.g. CST's multi-scale position tables) overrides `shared_module`. The
-encoder then creates that module once, calls it once per forward pass, and hands
-its output to every attention layer as the keyword argument `shared`.
+A mechanism's settings reach a model by one route, `Mechanism`
+(`lra_msmra.attention`): the registry name, the knobs and the contract fields
+its layers share, which makes the layers and, for a mechanism that needs
+parameters owned by the whole model (shared by every layer, e.g. CST's
+multi-scale position tables), that module. Such a mechanism overrides
+`shared_module`, which reads the layer's fields (checked when the layer was
+built); the model creates the module once, calls it once per forward pass,
+and hands its output to every attention layer as the keyword argument
+`shared`.
+
+Most mechanisms start `attend` with `project_qkv`: the input in the layer's
+dtype, projected to per-head queries, keys and values.
 
 How a layer is computed is its `implementation` (`lra_msmra.kernels`): the
 default `'xla'` is the mechanism's own code here, the numerical reference;
@@ -33,7 +41,7 @@ a mechanism lists the others it has in `IMPLEMENTATIONS`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -45,6 +53,13 @@ Dtype = Any
 # Logit bias of a masked entry in the LRA reference attention
 # (docs/protocol.md §3.1).
 LRA_MASK_BIAS = -1e10
+
+
+class HeadDims(NamedTuple):
+  """The widths of a layer for an input width (`Attention.head_dims`)."""
+  qkv_features: int
+  head_dim: int
+  out_features: int
 
 
 class Attention(nn.Module):
@@ -147,29 +162,29 @@ class Attention(nn.Module):
         f'{type(self).__name__} must implement attend(x, *, padding_mask, '
         'deterministic).')
 
-  @classmethod
-  def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
-                    max_len: int, name: str,
-                    causal: bool = False) -> Optional[nn.Module]:
+  @nn.nowrap
+  def shared_module(self, *, features: int, max_len: int,
+                    name: str) -> Optional[nn.Module]:
     """Returns a module of model-level parameters shared by all layers, or None.
 
-    The encoder calls this once inside its own `compact` method, calls the
-    returned module with no arguments, and passes the result to every layer as
-    `shared=...`.
+    `Mechanism.shared_inputs` calls this on an unbound layer built with the
+    same fields as the model's layers (so its knobs are checked, and
+    `causal` says which form they take) inside the model's own compact
+    method, where the returned module is created (`nn.nowrap`: this layer
+    does not become its parent). The model calls the module once per
+    forward pass and passes the result to every layer as `shared=...`.
 
     Args:
-      attention_kw: the mechanism knobs the layers are built with.
       features: model width.
       max_len: longest sequence the model sees (CLS included).
       name: the name to give the module (its parameter scope).
-      causal: whether the layers are built in causal mode.
     """
-    del attention_kw, features, max_len, name, causal
+    del features, max_len, name
     return None
 
   # -- helpers for subclasses ------------------------------------------------
 
-  def head_dims(self, x: Array) -> tuple[int, int, int]:
+  def head_dims(self, x: Array) -> HeadDims:
     """Returns (qkv_features, head_dim, out_features) for input `x`."""
     features = x.shape[-1]
     qkv = self.qkv_features or features
@@ -177,7 +192,28 @@ class Attention(nn.Module):
       raise ValueError(
           f'qkv_features={qkv} is not divisible by num_heads={self.num_heads}; '
           'choose qkv_dim as a multiple of num_heads.')
-    return qkv, qkv // self.num_heads, self.out_features or features
+    return HeadDims(qkv, qkv // self.num_heads, self.out_features or features)
+
+  def project_qkv(self, x: Array,
+                  roles: Sequence[str] = ('query', 'key', 'value'), *,
+                  scale_query: bool = False) -> tuple[Array, ...]:
+    """The start of most `attend`s: `x` projected once per role.
+
+    Args:
+      x: `[batch, length, features]`; cast to the layer's dtype first.
+      roles: the projections' names (their parameter scopes), in order.
+      scale_query: divide the first projection (the query) by
+        sqrt(head_dim).
+
+    Returns:
+      One `[batch, length, heads, head_dim]` array per role (`projection`).
+    """
+    head_dim = self.head_dims(x).head_dim
+    x = x.astype(self.dtype)
+    projected = [self.projection(head_dim, role)(x) for role in roles]
+    if scale_query:
+      projected[0] = projected[0] / jnp.sqrt(head_dim).astype(self.dtype)
+    return tuple(projected)
 
   def projection(self, head_dim: int, name: str) -> nn.Module:
     """A `[..., features] -> [..., heads, head_dim]` projection."""
@@ -282,6 +318,22 @@ def causal_mask(q_len: int, k_len: Optional[int] = None) -> Array:
   return jnp.arange(k_len)[None, :] <= jnp.arange(q_len)[:, None]
 
 
+def pad_to_length(x: Array, padding_mask: Array, length: int
+                  ) -> tuple[Array, Array]:
+  """Right-pads `[batch, n, ...]` and its mask to `length` >= n positions.
+
+  The added positions are marked as padding. Returns the padded array and
+  the padded mask.
+  """
+  extra = length - x.shape[1]
+  if extra < 0:
+    raise ValueError(f'Cannot pad {x.shape[1]} positions to {length}.')
+  if extra == 0:
+    return x, padding_mask
+  pad = [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2)
+  return jnp.pad(x, pad), jnp.pad(padding_mask, [(0, 0), (0, extra)])
+
+
 def pad_to_multiple(x: Array, padding_mask: Array, multiple: int
                     ) -> tuple[Array, Array, int]:
   """Right-pads `[batch, length, ...]` to a multiple of `multiple`.
@@ -290,12 +342,9 @@ def pad_to_multiple(x: Array, padding_mask: Array, multiple: int
   padded mask and the original length (to crop the output back).
   """
   length = x.shape[1]
-  extra = (-length) % multiple
-  if extra == 0:
-    return x, padding_mask, length
-  pad = [(0, 0), (0, extra)] + [(0, 0)] * (x.ndim - 2)
-  return (jnp.pad(x, pad), jnp.pad(padding_mask, [(0, 0), (0, extra)]),
-          length)
+  x, padding_mask = pad_to_length(x, padding_mask,
+                                  length + (-length) % multiple)
+  return x, padding_mask, length
 
 
 # Queries per block of `blocked_attention`: a block's float32 scores against

@@ -112,18 +112,14 @@ class BigBirdAttention(base.Attention):
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
     """Applies BigBird attention; see `base.Attention.attend`."""
-    _, head_dim, out_features = self.head_dims(x)
+    out_features = self.head_dims(x).out_features
     length = x.shape[1]
     b = self.block_size
     n = -(-length // b) * b
     nb = n // b
-    x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
-    mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
-
-    def project(name):
-      return block_sparse.heads_major(self.projection(head_dim, name)(x))
-    q = project('query') / jnp.sqrt(head_dim).astype(self.dtype)
-    k, v = project('key'), project('value')
+    x, mask = base.pad_to_length(x, padding_mask, n)
+    q, k, v = map(block_sparse.heads_major,
+                  self.project_qkv(x, scale_query=True))
     dropout = lambda: block_sparse.dropout_args(self, deterministic)
 
     # Global query blocks (first and last; all blocks when nb <= 3, where

@@ -562,17 +562,11 @@ class CombinerAttention(base.Attention):
 
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies Combiner attention (called by `base.Attention.__call__`).
+    """Applies Combiner attention; see `base.Attention.attend`.
 
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: bool `[batch, length]`, True = real token.
-      deterministic: disables attention dropout.
-
-    Returns:
-      `[batch, length, out_features]`; the head outputs of padded queries
-      are zero, so W_o's bias alone would remain there, and the caller
-      zeroes those rows (the padded-row rule of `base.Attention`).
+    The head outputs of padded queries are zero, so W_o's bias alone would
+    remain there, and the caller zeroes those rows (the padded-row rule of
+    `base.Attention`).
     """
     return self._forward(x, padding_mask, deterministic, None)
 
@@ -604,10 +598,7 @@ class CombinerAttention(base.Attention):
     batch, length = real.shape
     # Zero padded inputs: then no term can read a padded token's content.
     x = jnp.where(real[..., None], x, 0).astype(self.dtype)
-    q = self.projection(head_dim, 'query')(x)
-    q = q / jnp.sqrt(head_dim).astype(self.dtype)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
+    q, k, v = self.project_qkv(x, scale_query=True)
     if probe is None:
       values = v
     else:

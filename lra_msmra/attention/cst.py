@@ -219,30 +219,21 @@ class CompositeSliceAttention(base.Attention):
       if value not in valid:
         raise ValueError(f'{knob}={value!r}; valid: {valid}.')
 
-  @classmethod
-  def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
-                    max_len: int, name: str,
-                    causal: bool = False) -> Optional[nn.Module]:
+  @nn.nowrap
+  def shared_module(self, *, features: int, max_len: int,
+                    name: str) -> Optional[MultiScalePositions]:
     """The MS-VIPE tables for a model of width `features`, or None.
 
-    Args:
-      attention_kw: the layers' knobs (defaults of this class fill the rest).
-      features: model width.
-      max_len: longest sequence the model sees (CLS included).
-      name: parameter scope of the tables.
-      causal: whether the layers are causal (the local table then covers the
-        left-extended window only, (alpha + 1) L / 2 rows).
+    Sized by this layer's slicing (in causal mode the local table covers
+    the left-extended window only, (alpha + 1) L / 2 rows) and `max_len`,
+    the longest sequence the model sees (CLS included).
     """
-    def knob(key):
-      return attention_kw.get(key, getattr(cls, key))
-    if knob('position_embedding') != 'ms_vipe':
+    if self.position_embedding != 'ms_vipe':
       return None
-    slice_length, alpha = knob('slice_length'), knob('alpha')
-    check_slicing(slice_length, alpha)
     return MultiScalePositions(
-        local_len=local_table_rows(slice_length, alpha, causal),
-        global_len=-(-max_len // slice_length), features=features,
-        init_std=knob('position_init_std'), name=name)
+        local_len=local_table_rows(self.slice_length, self.alpha, self.causal),
+        global_len=-(-max_len // self.slice_length), features=features,
+        init_std=self.position_init_std, name=name)
 
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array, deterministic: bool,
@@ -267,7 +258,7 @@ class CompositeSliceAttention(base.Attention):
     size = self.slice_length
     x, mask, _ = base.pad_to_multiple(x, padding_mask, size)
     slices = x.shape[1] // size
-    pos_local, pos_global = self._positions(shared, features, slices)
+    pos_local, pos_global = self._positions(shared, slices)
 
     xs = x.astype(self.dtype).reshape(batch, slices, size, features)
     ms = mask.reshape(batch, slices, size)
@@ -318,9 +309,14 @@ class CompositeSliceAttention(base.Attention):
 
   # -- pieces -----------------------------------------------------------------
 
-  def _positions(self, shared: Optional[Mapping[str, Array]], features: int,
-                 slices: int) -> tuple[Optional[Array], Optional[Array]]:
-    """Checks the MS-VIPE tables; returns (local, global[:slices]) or Nones."""
+  def _positions(self, shared: Optional[Mapping[str, Array]], slices: int
+                 ) -> tuple[Optional[Array], Optional[Array]]:
+    """Returns the MS-VIPE tables (local, global[:slices]), or Nones.
+
+    The tables come from `shared_module` of the same settings
+    (`lra_msmra.attention.Mechanism`), so their shapes fit the layer; only
+    the input can be too long for the slice-level table.
+    """
     if self.position_embedding == 'none':
       if shared is not None:
         raise ValueError(
@@ -330,23 +326,17 @@ class CompositeSliceAttention(base.Attention):
     if shared is None:
       raise ValueError(
           "position_embedding='ms_vipe' needs the model-level MS-VIPE tables "
-          'as `shared=`: build them with CompositeSliceAttention.'
-          'shared_module(...) and call it, as lra_msmra.models.Encoder does. '
-          "For the conventional ablation set attention_kw.position_embedding="
-          "'none' and model.pos_emb='learned'.")
+          'as `shared=`: build the layer through lra_msmra.attention.'
+          'Mechanism, whose shared_inputs(...) creates them, as '
+          'lra_msmra.models.Encoder does. For the conventional ablation set '
+          "attention_kw.position_embedding='none' and model.pos_emb="
+          "'learned'.")
     local, global_ = shared['local'], shared['global']
-    rows = local_table_rows(self.slice_length, self.alpha, self.causal)
-    if local.shape != (rows, features):
+    if global_.shape[0] < slices:
       raise ValueError(
-          f'MS-VIPE local table has shape {local.shape}, expected '
-          f'{(rows, features)} for slice_length={self.slice_length}, alpha='
-          f'{self.alpha}, causal={self.causal}, width {features}; build the '
-          'tables from the same attention_kw and causal flag as the layers.')
-    if global_.shape[0] < slices or global_.shape[1] != features:
-      raise ValueError(
-          f'The input needs {slices} slice positions of width {features} but '
-          f'the MS-VIPE slice-level table has shape {global_.shape}; build it '
-          'with max_len >= the (padded) input length.')
+          f'The input needs {slices} slice positions but the MS-VIPE '
+          f'slice-level table has {global_.shape[0]} rows; build it with '
+          'max_len >= the (padded) input length.')
     return local.astype(self.dtype), global_[:slices].astype(self.dtype)
 
   def _projections(self, head_dim: int, features: int, prefix: str

@@ -130,15 +130,10 @@ class LinearAttention(base.Attention):
     `deterministic` is unused (no attention dropout, module docstring).
     """
     del deterministic
-    real = padding_mask
-    _, head_dim, out_features = self.head_dims(x)
-    x = x.astype(self.dtype)
-    q = self.projection(head_dim, 'query')(x)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
+    q, k, v = self.project_qkv(x)
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
     sums = causal_kernel_sums if self.causal else kernel_sums
-    num, den = sums(phi_q, phi_k, v, real)
+    num, den = sums(phi_q, phi_k, v, padding_mask)
     out = num / (den + EPSILON)[..., None]
     out = out.astype(self.dtype)
-    return self.output_projection(out_features)(out)
+    return self.output_projection(self.head_dims(x).out_features)(out)

@@ -14,7 +14,7 @@ raises), the tested invariants and the LRA settings.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -54,19 +54,16 @@ class LinformerAttention(base.Attention):
   max_len: Optional[int] = None
   share_layers: bool = False
 
-  @classmethod
-  def shared_module(cls, attention_kw: Mapping[str, Any], *, features: int,
-                    max_len: int, name: str,
-                    causal: bool = False) -> Optional[nn.Module]:
-    del features, causal
-    if not attention_kw.get('share_layers', False):
+  @nn.nowrap
+  def shared_module(self, *, features: int, max_len: int,
+                    name: str) -> Optional[nn.Module]:
+    """The model-level E (`share_layers=True`), or None."""
+    del features
+    if not self.share_layers:
       return None
-    rows = attention_kw.get('max_len') or max_len
-    return _SharedProjection(
-        max_len=rows,
-        low_rank_features=attention_kw.get('low_rank_features',
-                                           DEFAULT_LOW_RANK_FEATURES),
-        name=name)
+    return _SharedProjection(max_len=self.max_len or max_len,
+                             low_rank_features=self.low_rank_features,
+                             name=name)
 
   def check_knobs(self) -> None:
     if self.low_rank_features < 1:
@@ -88,15 +85,15 @@ class LinformerAttention(base.Attention):
     `shared`: E `[max_len, k]` from the model-level module
     (`share_layers=True` only).
     """
-    _, head_dim, out_features = self.head_dims(x)
+    out_features = self.head_dims(x).out_features
     length = x.shape[1]
-    x = x.astype(self.dtype)
 
     if self.share_layers:
       if shared is None:
         raise ValueError('share_layers=True needs the model-level E '
-                         '(`shared`), which the encoder passes; build the '
-                         'layer through it or StandaloneAttention.')
+                         '(`shared`): build the layer through '
+                         'lra_msmra.attention.Mechanism, whose shared_inputs '
+                         'creates it, as the encoder does.')
       kernel = shared
     else:
       if shared is not None:
@@ -112,10 +109,7 @@ class LinformerAttention(base.Attention):
           "linformer's projection E (max_len); build the model for the "
           'longest input.')
 
-    q = self.projection(head_dim, 'query')(x)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
-    q = q / jnp.sqrt(head_dim).astype(self.dtype)
+    q, k, v = self.project_qkv(x, scale_query=True)
     # E restricted to the real positions of each example: [batch, N, k].
     # The sums over the whole sequence run in float32.
     e = jnp.where(padding_mask[..., None], kernel[:length], 0.0)

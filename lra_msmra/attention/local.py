@@ -61,13 +61,8 @@ class LocalAttention(base.Attention):
     batch, length = x.shape[:2]
     block = self.block_size
     n = padded_length(length, block, self.grouping)
-    x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
-    mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
-
-    q = self.projection(head_dim, 'query')(x)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
-    q = q / jnp.sqrt(head_dim).astype(self.dtype)
+    x, mask = base.pad_to_length(x, padding_mask, n)
+    q, k, v = self.project_qkv(x, scale_query=True)
 
     strided = self.grouping == 'strided'
 

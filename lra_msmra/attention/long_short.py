@@ -438,18 +438,8 @@ class LongShortAttention(base.Attention):
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
-    """Applies the attention (called by `base.Attention.__call__`).
-
-    Args:
-      x: `[batch, length, features]`.
-      padding_mask: `[batch, length]` bool, True = real token.
-      deterministic: disables attention dropout.
-
-    Returns:
-      `[batch, length, out_features]` (zeroed at padded positions by the
-      caller).
-    """
-    _, head_dim, out_features = self.head_dims(x)
+    """Applies the attention; see `base.Attention.attend`."""
+    out_features = self.head_dims(x).out_features
     w, r = self.window_size, self.num_landmarks
     chunk = self.chunk_size or DEFAULT_CHUNK_SIZE
     # Whole segments (bidirectional) or chunks and window blocks (causal,
@@ -458,11 +448,7 @@ class LongShortAttention(base.Attention):
     length = x.shape[1]
     x, padding_mask, _ = base.pad_to_multiple(x, padding_mask, multiple)
     x = x.astype(self.dtype)
-
-    q = self.projection(head_dim, 'query')(x)
-    q = q / jnp.sqrt(head_dim).astype(self.dtype)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
+    q, k, v = self.project_qkv(x, scale_query=True)
     ln_local = self._dual_ln('ln_local')
     k_local, v_local = ln_local(k), ln_local(v)
 

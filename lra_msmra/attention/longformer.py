@@ -60,8 +60,8 @@ class LongformerAttention(base.Attention):
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
     """Applies Longformer attention; see `base.Attention.attend`."""
-    _, head_dim, out_features = self.head_dims(x)
-    batch, length = x.shape[:2]
+    length = x.shape[1]
+    out_features = self.head_dims(x).out_features
     left, right = window_sides(self.window_size)
     if self.causal:
       right = 0
@@ -72,16 +72,13 @@ class LongformerAttention(base.Attention):
     # Keys beyond the sequence are never visible: a window wider than the
     # sequence needs no wider tile (same function, smaller tiles).
     left, right = min(left, n), min(right, n - 1)
-    x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
-    mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
+    x, mask = base.pad_to_length(x, padding_mask, n)
     dropout = lambda: block_sparse.dropout_args(self, deterministic)
 
-    def project(name, rows=None):
-      a = self.projection(head_dim, name)(x if rows is None else x[:, :rows])
-      return block_sparse.heads_major(a)
-    scale = jnp.sqrt(head_dim).astype(self.dtype)
-    q = project('query') / scale
-    k, v = project('key'), project('value')
+    def project(inputs, *roles, scale_query=False):
+      return map(block_sparse.heads_major,
+                 self.project_qkv(inputs, roles, scale_query=scale_query))
+    q, k, v = project(x, 'query', 'key', 'value', scale_query=True)
 
     # Window keys of block b: positions [b B - (left - 1), (b + 1) B + right).
     index = block_sparse.window_index(groups, block, left - 1, right, n)
@@ -112,8 +109,8 @@ class LongformerAttention(base.Attention):
 
     if g:
       if self.global_projections:
-        q_g = project('query_global', g) / scale
-        k_g, v_g = project('key_global'), project('value_global')
+        q_g, = project(x[:, :g], 'query_global', scale_query=True)
+        k_g, v_g = project(x, 'key_global', 'value_global')
       else:
         q_g, k_g, v_g = q[:, :, :g], k, v
       visible = mask[:, None, None, None, :]

@@ -177,10 +177,8 @@ class PerformerAttention(base.Attention):
     del deterministic
     real = padding_mask
     _, head_dim, out_features = self.head_dims(x)
-    x = x.astype(self.dtype)
-    q = self.projection(head_dim, 'query')(x).astype(jnp.float32)
-    k = self.projection(head_dim, 'key')(x).astype(jnp.float32)
-    v = self.projection(head_dim, 'value')(x)
+    q, k, v = self.project_qkv(x)
+    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     w = self.projection_matrix(head_dim)
     log_scale = None
     if self.kernel == 'softmax':

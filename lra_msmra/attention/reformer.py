@@ -140,12 +140,10 @@ class ReformerAttention(base.Attention):
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
     """Applies LSH attention; see `base.Attention.attend`."""
-    real = padding_mask
+    # The shared query-key is the projection named 'query'.
+    qk, v = self.project_qkv(x, ('query', 'value'))
     _, head_dim, out_features = self.head_dims(x)
-    length = x.shape[1]
-    x = x.astype(self.dtype)
-    qk = self.projection(head_dim, 'query')(x)
-    v = self.projection(head_dim, 'value')(x)
+    real, length = padding_mask, x.shape[1]
     padded, chunk = self.layout(length)
     qk, real_p, _ = base.pad_to_multiple(qk, real, padded)
     v, _, _ = base.pad_to_multiple(v, real, padded)

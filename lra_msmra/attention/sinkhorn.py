@@ -100,13 +100,9 @@ class SinkhornAttention(base.Attention):
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
     """Applies Sinkhorn attention; see `base.Attention.attend`."""
-    real = padding_mask
+    q, k, v = self.project_qkv(x)
     _, head_dim, out_features = self.head_dims(x)
-    length = x.shape[1]
-    x = x.astype(self.dtype)
-    q = self.projection(head_dim, 'query')(x)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
+    real, length = padding_mask, x.shape[1]
     b = self.block_size
     q, real_p, _ = base.pad_to_multiple(q, real, b)
     k, _, _ = base.pad_to_multiple(k, real, b)

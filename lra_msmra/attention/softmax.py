@@ -57,10 +57,7 @@ class SoftmaxAttention(base.Attention):
   def attend(self, x: jax.Array, *, padding_mask: jax.Array,
              deterministic: bool) -> jax.Array:
     _, head_dim, out_features = self.head_dims(x)
-    x = x.astype(self.dtype)
-    q = self.projection(head_dim, 'query')(x)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
+    q, k, v = self.project_qkv(x)
     if self.implementation != 'xla':
       y = fused.attention(self.implementation, q, k, v, padding_mask,
                           causal=self.causal, scale=head_dim ** -0.5)

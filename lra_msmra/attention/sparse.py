@@ -66,21 +66,16 @@ class SparseAttention(base.Attention):
   def attend(self, x: Array, *, padding_mask: Array,
              deterministic: bool) -> Array:
     """Applies fixed-pattern attention; see `base.Attention.attend`."""
-    _, head_dim, out_features = self.head_dims(x)
+    out_features = self.head_dims(x).out_features
     batch, length = x.shape[:2]
     l = self.block_size
     prefix = min(self.num_prefix_tokens, length)
     rest = -(-(length - prefix) // l) * l
     n = prefix + rest
     groups = rest // l
-    x = jnp.pad(x, [(0, 0), (0, n - length), (0, 0)]).astype(self.dtype)
-    mask = jnp.pad(padding_mask, [(0, 0), (0, n - length)])
-
-    q = self.projection(head_dim, 'query')(x)
-    k = self.projection(head_dim, 'key')(x)
-    v = self.projection(head_dim, 'value')(x)
-    q = q / jnp.sqrt(head_dim).astype(self.dtype)
-    q, k, v = (block_sparse.heads_major(a) for a in (q, k, v))
+    x, mask = base.pad_to_length(x, padding_mask, n)
+    q, k, v = map(block_sparse.heads_major,
+                  self.project_qkv(x, scale_query=True))
     directional = self.causal or self.pattern_causal
     dropout = lambda: block_sparse.dropout_args(self, deterministic)
 

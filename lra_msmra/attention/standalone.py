@@ -1,10 +1,10 @@
 """One attention layer on its own, built and called as the encoder does.
 
-`StandaloneAttention` builds a registered mechanism from the contract's
-fields plus its knobs, creates the mechanism's model-level shared module (if
-it has one, e.g. CST's MS-VIPE tables) exactly as `lra_msmra.models.Encoder`
-does, and calls the layer. Tests and the benchmarks use it to reach any
-mechanism by name::
+`StandaloneAttention` builds a registered mechanism through the route the
+encoder takes, `lra_msmra.attention.Mechanism` (the contract's fields plus
+its knobs): it creates the mechanism's model-level shared module (if it has
+one, e.g. CST's MS-VIPE tables) and calls the layer. Tests and the
+benchmarks use it to reach any mechanism by name::
 
   layer = StandaloneAttention(mechanism='cst', kw={'slice_length': 8},
                               num_heads=4, qkv_features=256, max_len=4096)
@@ -24,7 +24,7 @@ from flax.core import FrozenDict
 import jax
 import jax.numpy as jnp
 
-from lra_msmra.attention import get_attention
+from lra_msmra.attention import Mechanism
 
 
 class StandaloneAttention(nn.Module):
@@ -32,8 +32,8 @@ class StandaloneAttention(nn.Module):
 
   Attributes:
     mechanism: registry name (`lra_msmra.attention.REGISTRY`).
-    kw: the mechanism's knobs, passed unchanged to its constructor (unknown
-      keys fail there).
+    kw: the mechanism's knobs (`Mechanism.knobs`; unknown keys fail when
+      the layer is built).
     num_heads: heads of the layer.
     qkv_features: width of queries/keys/values (heads x head_dim).
     out_features: output width; None = the input width.
@@ -69,16 +69,11 @@ class StandaloneAttention(nn.Module):
     Returns:
       `[batch, length, out_features]`.
     """
-    cls = get_attention(self.mechanism)
-    shared_module = cls.shared_module(dict(self.kw), features=x.shape[-1],
-                                      max_len=self.max_len,
-                                      name='attention_shared',
-                                      causal=self.causal)
-    call_kw = {} if shared_module is None else {'shared': shared_module()}
-    layer = cls(num_heads=self.num_heads, qkv_features=self.qkv_features,
-                out_features=self.out_features,
-                dropout_rate=self.dropout_rate, causal=self.causal,
-                dtype=self.dtype, use_bias=self.use_bias, name='attention',
-                **dict(self.kw))
-    return layer(x, padding_mask=padding_mask, deterministic=deterministic,
-                 **call_kw)
+    mechanism = Mechanism(
+        self.mechanism, self.kw,
+        dict(num_heads=self.num_heads, qkv_features=self.qkv_features,
+             out_features=self.out_features, dropout_rate=self.dropout_rate,
+             causal=self.causal, dtype=self.dtype, use_bias=self.use_bias))
+    shared = mechanism.shared_inputs(features=x.shape[-1], max_len=self.max_len)
+    return mechanism.layer(name='attention')(
+        x, padding_mask=padding_mask, deterministic=deterministic, **shared)

@@ -86,12 +86,10 @@ class SynthesizerAttention(base.Attention):
     n = x.shape[1]
     heads = self.num_heads
     x = x.astype(self.dtype)
-    v = self.projection(head_dim, 'value')(x)
+    v, = self.project_qkv(x, ('value',))
     logits = jnp.zeros((x.shape[0], heads, n, n), jnp.float32)
     if not self.ignore_dot_product:
-      q = self.projection(head_dim, 'query')(x)
-      k = self.projection(head_dim, 'key')(x)
-      q = q / jnp.sqrt(head_dim).astype(self.dtype)
+      q, k = self.project_qkv(x, ('query', 'key'), scale_query=True)
       logits = logits + jnp.einsum('bqhd,bkhd->bhqk', q, k,
                                    preferred_element_type=jnp.float32)
     parts = parts_of(self.synthesizer_mode)

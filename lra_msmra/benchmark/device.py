@@ -431,14 +431,14 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
-  from lra_msmra.attention import get_attention  # pylint: disable=g-import-not-at-top
+  from lra_msmra.attention import Mechanism  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import attention as attention_bench  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import roofline  # pylint: disable=g-import-not-at-top
 
   spec = specs.parse_specs(payload['name'])[0]
-  cls = get_attention(spec.name)
+  cls = Mechanism(spec.name, spec.kw).layer_class
   features, heads = payload['features'], payload['heads']
   counted: dict[tuple[int, int, str], int] = {}
 
@@ -553,7 +553,6 @@ def _train_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from lra_msmra import attention as attention_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra import config_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra import models  # pylint: disable=g-import-not-at-top
   from lra_msmra import steps  # pylint: disable=g-import-not-at-top
@@ -577,7 +576,7 @@ def _train_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
     if payload['train_batch']:
       config.batch_size = payload['train_batch']
     config.model.dtype = dtype
-    cls = attention_lib.get_attention(config.model.attention)
+    cls = models.attention_mechanism(config.model).layer_class
     config.model.attention_kw.update(implementation_kw(cls, implementation))
     return config
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_msmra import attention
 from lra_msmra import models
 from lra_msmra import validation
 from lra_msmra.attention import cst
@@ -48,17 +49,17 @@ class Stack(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, padding_mask=None, deterministic=True):
-    cls = cst.CompositeSliceAttention
-    tables = cls.shared_module(dict(self.kw), features=x.shape[-1],
-                               max_len=self.max_len, name='attention_shared',
-                               causal=self.causal)
-    call_kw = {} if tables is None else {'shared': tables()}
+    mechanism = attention.Mechanism(
+        'cst', self.kw,
+        dict(num_heads=HEADS, qkv_features=QKV, causal=self.causal,
+             use_bias=self.use_bias, dropout_rate=self.dropout_rate,
+             dtype=self.dtype))
+    shared = mechanism.shared_inputs(features=x.shape[-1],
+                                     max_len=self.max_len)
     for i in range(self.num_layers):
-      layer = cls(num_heads=HEADS, qkv_features=QKV, causal=self.causal,
-                  use_bias=self.use_bias, dropout_rate=self.dropout_rate,
-                  dtype=self.dtype, name=f'attention_{i}', **dict(self.kw))
+      layer = mechanism.layer(name=f'attention_{i}')
       h = layer(x, padding_mask=padding_mask, deterministic=deterministic,
-                **call_kw)
+                **shared)
       x = h if self.num_layers == 1 else x + h
     return x
 
@@ -590,18 +591,19 @@ def test_causal_local_table_has_only_the_left_window_rows(alpha):
   grad = jax.grad(lambda p: jnp.sum(stack.apply({'params': p}, x) ** 2))(
       params)['attention_shared']['local']
   assert np.all(np.abs(np.asarray(grad)).sum(-1) > 0)
-  # Tables built for the other mode are refused with the fix in the message.
-  layer = cst.CompositeSliceAttention(num_heads=HEADS, causal=True, **kw)
-  with pytest.raises(ValueError, match='causal flag'):
-    layer.init(jax.random.PRNGKey(0), x,
-               shared={'local': jnp.zeros((rows + 1, FEATURES)),
-                       'global': jnp.zeros((4, FEATURES))})
+  # The tables follow the layers' own causal flag: one object builds both.
+  for causal, local_rows in ((True, rows), (False, alpha * 4)):
+    mechanism = attention.Mechanism('cst', kw, {'causal': causal})
+    tables = mechanism.shared_module(features=FEATURES, max_len=16)
+    assert tables.local_len == local_rows
 
 
 def test_conventional_ablation_has_no_tables():
   kw = {'slice_length': 4, 'position_embedding': 'none'}
-  assert cst.CompositeSliceAttention.shared_module(
-      kw, features=FEATURES, max_len=16, name='t') is None
+  assert attention.Mechanism('cst', kw).shared_module(
+      features=FEATURES, max_len=16) is None
+  assert attention.Mechanism('cst', kw).shared_inputs(
+      features=FEATURES, max_len=16) == {}
   stack = _stack(kw, max_len=16)
   x = _inputs(16)
   assert 'attention_shared' not in _init(stack, x)
