@@ -167,12 +167,13 @@ class Attention(nn.Module):
                     name: str) -> Optional[nn.Module]:
     """Returns a module of model-level parameters shared by all layers, or None.
 
-    `Mechanism.shared_inputs` calls this on an unbound layer built with the
-    same fields as the model's layers (so its knobs are checked, and
-    `causal` says which form they take) inside the model's own compact
-    method, where the returned module is created (`nn.nowrap`: this layer
-    does not become its parent). The model calls the module once per
-    forward pass and passes the result to every layer as `shared=...`.
+    `Mechanism.shared_module` (through `shared_inputs`) calls this on an
+    unbound layer built with the same fields as the model's layers (so its
+    knobs are checked, and `causal` says which form they take) inside the
+    model's own compact method, where the returned module is created
+    (`nn.nowrap`: this layer does not become its parent). The model calls
+    the module once per forward pass and passes the result to every layer
+    as `shared=...`.
 
     Args:
       features: model width.
