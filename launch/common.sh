@@ -55,3 +55,26 @@ setup_wheels() {
     pythonpath="$site:$pythonpath"
   fi
 }
+
+# Parses `[--dry_run] OUT_DIR [-- FLAGS...]` into the globals dry_run, out
+# and extra (the flags after --); $1 names what those flags are for. -h
+# prints the calling script's `usage`.
+parse_out_args() {
+  local what="$1"
+  shift
+  dry_run=0
+  out=''
+  extra=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      -h|--help) usage; exit 0 ;;
+      --dry_run) dry_run=1; shift ;;
+      --) shift; extra=("$@"); break ;;
+      -*) echo "Unknown option '$1'; put flags for the $what after --." >&2
+          usage >&2; exit 2 ;;
+      *) [[ -z "$out" ]] || { echo "One OUT_DIR only ('$out', '$1')." >&2;
+                              exit 2; }
+         out="$1"; shift ;;
+    esac
+  done
+}

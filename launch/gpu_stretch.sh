@@ -63,24 +63,9 @@ Options:
 EOF
 }
 
-dry_run=0
-out=''
-extra=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    -h|--help) usage; exit 0 ;;
-    --dry_run) dry_run=1; shift ;;
-    --) shift; extra=("$@"); break ;;
-    -*) echo "Unknown option '$1'; put flags for the suite after --." >&2
-        usage >&2; exit 2 ;;
-    *) [[ -z "$out" ]] || { echo "One OUT_DIR only ('$out', '$1')." >&2;
-                            exit 2; }
-       out="$1"; shift ;;
-  esac
-done
-
-# quote, join_quoted, fail, run, setup_wheels.
+# quote, join_quoted, fail, run, setup_wheels, parse_out_args.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+parse_out_args suite "$@"
 
 [[ -n "$out" ]] || { usage >&2; fail 'give OUT_DIR'; }
 [[ "$out" == /* ]] || out="$PWD/$out"
