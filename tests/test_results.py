@@ -482,23 +482,27 @@ def test_suite_without_data_stops_before_running(tmp_path):
 
 
 @pytest.mark.parametrize('folder,doc_name', [
-    ('listops_xiong', 'results.md'), ('listops_runlocal', 'runlocal.md')])
+    ('listops_xiong', 'results.md'), ('listops_runlocal', 'runlocal.md'),
+    ('listops_xiong/diag', None), ('listops_xiong/scale', None)])
 def test_committed_results_rebuild_from_their_copy(folder, doc_name,
                                                    tmp_path):
-  """The tables of docs/results.md (full-size ListOps runs) and
-  docs/runlocal.md (the suite of runlocal jobs) are what their documented
-  command builds from the committed run files."""
+  """The tables of docs/results.md (full-size ListOps runs and their
+  diagnostics) and docs/runlocal.md (the suite of runlocal jobs) are what
+  their documented command builds from the committed run files."""
   committed = os.path.join(ROOT, 'docs', 'results', folder)
   runs = tmp_path / 'runs'
   shutil.copytree(os.path.join(committed, 'runs'), runs)
-  doc = tmp_path / doc_name
-  shutil.copy(os.path.join(ROOT, 'docs', doc_name), doc)
-  results.main(['results', '--runs', str(runs), '--out', str(tmp_path / 'o'),
-                '--doc', str(doc)])
+  args = ['results', '--runs', str(runs), '--out', str(tmp_path / 'o')]
+  if doc_name:
+    doc = tmp_path / doc_name
+    shutil.copy(os.path.join(ROOT, 'docs', doc_name), doc)
+    args += ['--doc', str(doc)]
+  results.main(args)
   with open(os.path.join(committed, 'summary', 'results.md')) as f:
     assert (tmp_path / 'o' / 'results.md').read_text() == f.read()
-  with open(os.path.join(ROOT, 'docs', doc_name)) as f:
-    assert doc.read_text() == f.read()
+  if doc_name:
+    with open(os.path.join(ROOT, 'docs', doc_name)) as f:
+      assert doc.read_text() == f.read()
 
 
 def test_each_protocol_prints_its_whole_baseline_table():
