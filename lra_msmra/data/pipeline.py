@@ -523,15 +523,6 @@ def check_labels(labels: np.ndarray, num_classes: int, where: str
   return labels
 
 
-def majority_rate(labels: np.ndarray) -> tuple[int, float]:
-  """Most frequent label and its frequency (accuracy of always guessing it)."""
-  labels = np.asarray(labels)
-  if labels.size == 0:
-    return 0, float('nan')
-  values, counts = np.unique(labels, return_counts=True)
-  return int(values[np.argmax(counts)]), float(counts.max() / labels.size)
-
-
 @dataclasses.dataclass
 class TaskData:
   """What every task module's `get_datasets(config)` returns.
