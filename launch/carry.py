@@ -127,6 +127,14 @@ def _files_under(folder: str) -> Iterable[str]:
         yield path
 
 
+def run_state(entry: dict[str, Any]) -> str:
+  """'finished' or 'step S of N' of a manifest entry."""
+  if entry.get('finished'):
+    return 'finished'
+  total = entry.get('num_train_steps')
+  return f'step {entry.get("step", 0)}' + (f' of {total}' if total else '')
+
+
 def describe_run(root: str, run: str, finished_checkpoints: bool = False
                  ) -> tuple[dict[str, Any], list[str]]:
   """(manifest entry, files to pack relative to `root`) of one workdir."""
@@ -174,14 +182,6 @@ def describe_run(root: str, run: str, finished_checkpoints: bool = False
 
 
 # --------------------------------------------------------------------- pack
-
-
-def _sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for block in iter(lambda: f.read(_CHUNK), b''):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _write_archive(root: str, files: Sequence[str], path: str,
@@ -438,9 +438,7 @@ def unpack(in_dir: str, root: str, held_stubs: bool = False) -> list[str]:
         tar.extractall(staging)
     for entry in manifest['runs']:
       run, step = entry['run'], entry.get('step', 0)
-      total = entry.get('num_train_steps')
-      state = ('finished' if entry.get('finished') else
-               f'step {step}' + (f' of {total}' if total else ''))
+      state = run_state(entry)
       target = os.path.join(root, run)
       if entry.get('held'):
         if held_stubs:
@@ -523,11 +521,9 @@ def main(argv: Sequence[str]) -> int:
       manifest = pack(args.root, args.out_dir, args.part_mib, args.max_mib,
                       args.max_files, args.finished_checkpoints)
       for entry in manifest['runs']:
-        total = entry.get('num_train_steps')
-        state = ('finished' if entry['finished'] else
-                 f'step {entry["step"]}' + (f' of {total}' if total else ''))
         print(f'{"held" if entry.get("held") else "packed"} {entry["run"]}: '
-              f'{state}, {entry["bytes"] / MIB:.1f} MiB', flush=True)
+              f'{run_state(entry)}, {entry["bytes"] / MIB:.1f} MiB',
+              flush=True)
       print(_summary(manifest, args.out_dir), flush=True)
       return 0
     unpack(args.in_dir, args.root, args.held_stubs)
