@@ -329,7 +329,7 @@ def _tpu_target(given: str, chip_name: str, shape: tuple[int, ...],
       num_devices=chips, device_kind=chip.device_kind,
       hbm_bytes=chip.hbm_bytes, peak_bf16_flops=bf16, peak_f32_flops=f32,
       hbm_bytes_per_s=bandwidth, vmem_bytes=chip.vmem_bytes, topology=name,
-      alias=alias if alias != name else '')
+      alias=alias if alias.lower() != name else '')
 
 
 def _cloud_shape(chip_name: str, count: int, given: str) -> tuple[int, ...]:
@@ -399,7 +399,7 @@ def parse(name: str) -> Target:
         hbm_bytes_per_s=bandwidth,
         # XLA's GPU topology: slices x hosts per slice x GPUs per host.
         topology=f'1x{hosts}x{per_host}',
-        alias=given.strip() if given.strip() != canonical else '')
+        alias=given.strip() if given.strip().lower() != canonical else '')
   head = re.split(r'[:\-]', name, maxsplit=1)[0]
   if head in TPU_CHIPS or head in _ALIASES:
     problem = 'not a slice shape (axes like 2x2 or 2x2x1) or a Cloud count'
