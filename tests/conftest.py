@@ -14,6 +14,12 @@ from tests import helpers  # Imports no JAX.
 
 os.environ.setdefault('XLA_FLAGS', helpers.xla_flags(8))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+# The tests run on the CPU. Saying so keeps JAX from looking for a TPU or a
+# GPU when the optional compile packages (requirements-compile.txt: libtpu,
+# the CUDA plugin) are installed, and is what their compile-only devices
+# need (lra_msmra_tools.targets); several test processes may load libtpu.
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 # XLA's cheapest optimisation level, in this process and every process the
 # tests start: their programs are small, so compiling is nearly all of
 # their time.
