@@ -140,29 +140,40 @@ def _forward_kernel(*refs, static: _Static):
   choice = r['choice'][...]
   g = _routed_gate(choice, r['gate'], static.heads)
   q = r['q'][...] if static.stacked else None
-  for s in range(static.subheads):
-    if not static.stacked:  # One query for every head.
-      phi = _feature(r['q'][s].astype(jnp.float32), static.feature_map)
-    num = den = pre_sel = None
-    for h in range(static.heads):
+
+  # One (subhead, head) pair per loop iteration, not unrolled (unrolled,
+  # every pair's tiles were live at once: register spills on GPUs).
+  def subhead(s, carry):
+    phi = (None if static.stacked else  # One query for every head.
+           _feature(r['q'][s].astype(jnp.float32), static.feature_map))
+
+    def head(h, carry):
+      num, den, pre_sel = carry
+      pre = phi_h = phi
       if static.stacked:
         pre = _project(q, r['w'], r['b'], h, s, r['y'].dtype)
-        phi = _feature(pre.astype(jnp.float32), static.feature_map)
-      num_h = _dot(phi, r['kv'][h, s], 1, 0)
-      den_h = jnp.sum(phi * r['z'][h, s], axis=1, keepdims=True)
-      mine = choice == h
-      if num is None:  # Queries routed nowhere (tile padding) get head 0's.
-        num, den = num_h, den_h
-        pre_sel = pre if static.stacked else None
-      else:
-        num = jnp.where(mine, num_h, num)
-        den = jnp.where(mine, den_h, den)
-        if static.stacked:
-          pre_sel = jnp.where(mine, pre, pre_sel)
+        phi_h = _feature(pre.astype(jnp.float32), static.feature_map)
+      # Queries routed nowhere (tile padding) get head 0's.
+      take = (choice == h) | (h == 0)
+      num = jnp.where(take, _dot(phi_h, r['kv'][h, s], 1, 0), num)
+      den = jnp.where(take, jnp.sum(phi_h * r['z'][h, s], axis=1,
+                                    keepdims=True), den)
+      if static.stacked:
+        pre_sel = jnp.where(take, pre.astype(jnp.float32), pre_sel)
+      return num, den, pre_sel
+
+    tile = jnp.zeros(r['y'].shape[1:], jnp.float32)
+    num, den, pre_sel = lax.fori_loop(
+        0, static.heads, head,
+        (tile, jnp.zeros(choice.shape, jnp.float32),
+         tile if static.stacked else jnp.zeros((), jnp.float32)))
     # As the XLA code: gate / (den + eps), times the numerator.
     r['y'][s] = (num * (g / (den + static.epsilon))).astype(r['y'].dtype)
     if static.stacked:
       r['pre'][s] = pre_sel.astype(r['pre'].dtype)
+    return carry
+
+  lax.fori_loop(0, static.subheads, subhead, 0)
 
 
 _DQ_REFS = ('q', 'pre', 'w', 'b', 'kv', 'z', 'choice', 'gate', 'dy',
@@ -177,46 +188,66 @@ def _dq_kernel(*refs, static: _Static):
   eps = static.epsilon
   q = r['q'][...] if static.stacked else None
   own_heads = static.stacked and static.all_gate_gradients
-  terms = [jnp.zeros(choice.shape, jnp.float32) for _ in range(static.heads)]
-  d_q = (jnp.zeros(q.shape, jnp.float32) if static.stacked else None)
-  for s in range(static.subheads):
+
+  # One (subhead, head) pair per loop iteration, in two passes over the
+  # heads: the first makes per-query columns (the routed head's
+  # denominator and <num, dy>, every head's gate term), the second the one
+  # [t, d] cotangent. Unrolled, or carrying the routed head's [t, d] tiles,
+  # the body spilled registers on GPUs.
+  def subhead(s, carry):
+    terms, d_q = carry
     pre = (r['pre'][s] if static.stacked else r['q'][s]).astype(jnp.float32)
     phi = _feature(pre, static.feature_map)
     dy = r['dy'][s].astype(jnp.float32)
-    num = den = z_sel = kv_dy = None
-    for h in range(static.heads):
-      kv, z = r['kv'][h, s], r['z'][h, s]
-      mine = choice == h
+    column = jnp.zeros(choice.shape, jnp.float32)
+
+    def columns(h, carry):
+      terms, den, num_dy = carry
       # Head h's value at every query: its own queries for the
       # straight-through gate's share, else the routed queries (only read
       # where routed to h).
       phi_h = (_feature(_project(q, r['w'], r['b'], h, s, r['q'].dtype
                                  ).astype(jnp.float32), static.feature_map)
                if own_heads else phi)
-      num_h = _dot(phi_h, kv, 1, 0)
-      den_h = jnp.sum(phi_h * z, axis=1, keepdims=True)
-      terms[h] = terms[h] + (jnp.sum(num_h * dy, axis=1, keepdims=True)
-                             / (den_h + eps))
-      kv_dy_h = _dot(dy, kv, 1, 1)
-      z_h = jnp.broadcast_to(z, phi.shape)
-      if num is None:
-        num, den, z_sel, kv_dy = num_h, den_h, z_h, kv_dy_h
-      else:
-        num = jnp.where(mine, num_h, num)
-        den = jnp.where(mine, den_h, den)
-        z_sel = jnp.where(mine, z_h, z_sel)
-        kv_dy = jnp.where(mine, kv_dy_h, kv_dy)
+      num_dy_h = jnp.sum(_dot(phi_h, r['kv'][h, s], 1, 0) * dy, axis=1,
+                         keepdims=True)
+      den_h = jnp.sum(phi_h * r['z'][h, s], axis=1, keepdims=True)
+      term = num_dy_h / (den_h + eps)
+      terms = tuple(x + jnp.where(h == k, term, 0.0)
+                    for k, x in enumerate(terms))
+      # Queries routed nowhere (tile padding) get head 0's.
+      take = (choice == h) | (h == 0)
+      return (terms, jnp.where(take, den_h, den),
+              jnp.where(take, num_dy_h, num_dy))
+
+    terms, den, num_dy = lax.fori_loop(0, static.heads, columns,
+                                       (terms, column, column))
     inv = 1.0 / (den + eps)
     ratio = g * inv
     # y = num * ratio: d_num = dy * ratio, d_den = -<num, dy> g / (den+eps)^2.
-    d_den = -jnp.sum(num * dy, axis=1, keepdims=True) * ratio * inv
-    d_phi = kv_dy * ratio + d_den * z_sel
+    d_den = -num_dy * ratio * inv
+
+    def cotangent(h, d_phi):
+      kv, z = r['kv'][h, s], r['z'][h, s]
+      take = (choice == h) | (h == 0)
+      return jnp.where(take, _dot(dy, kv, 1, 1) * ratio + d_den * z, d_phi)
+
+    d_phi = lax.fori_loop(0, static.heads, cotangent,
+                          jnp.zeros(phi.shape, jnp.float32))
     d_pre = d_phi * _slope(pre, static.feature_map)
     r['d_pre'][s] = d_pre.astype(r['d_pre'].dtype)
     if static.stacked:
-      for h in range(static.heads):
+      def head_dq(h, d_q):
         d_pre_h = jnp.where(choice == h, d_pre, 0.0).astype(r['w'].dtype)
-        d_q = d_q + _dot(d_pre_h, r['w'][h, s], 1, 1)
+        return d_q + _dot(d_pre_h, r['w'][h, s], 1, 1)
+      d_q = lax.fori_loop(0, static.heads, head_dq, d_q)
+    return terms, d_q
+
+  terms = tuple(jnp.zeros(choice.shape, jnp.float32)
+                for _ in range(static.heads))
+  d_q = (jnp.zeros(q.shape, jnp.float32) if static.stacked
+         else jnp.zeros((), jnp.float32))
+  terms, d_q = lax.fori_loop(0, static.subheads, subhead, (terms, d_q))
   for h in range(static.heads):
     term = terms[h]
     if not static.all_gate_gradients:
@@ -259,6 +290,25 @@ def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
 
 
 # -- pallas_call plumbing ----------------------------------------------------
+
+
+# Triton's settings of the forward and dQ kernels, whose loops over the
+# (subhead, head) pairs each load a [d, d] float32 summary: 8 warps, and no
+# software pipelining (a second stage buffers each summary twice in shared
+# memory). Wide heads take short tiles (`routed_attention`): with these, no
+# kernel spills registers on an H100 / H200 at head dims 32 to 128.
+TILE_WARPS = 8
+TILE_STAGES = 1
+# The largest query tile at padded head dims of 128 and more.
+WIDE_HEAD_BLOCK = 16
+
+
+def _launch(specs, arrays, tile: int, width: int, axes: int,
+            warps: Optional[int] = None, stages: int = 2) -> flash.Launch:
+  """Compiler settings of a call (`flash.Launch`): every grid axis is
+  parallel (each program writes blocks of its own)."""
+  return flash.Launch.of(specs, arrays, tile, width, ('parallel',) * axes,
+                         warps, stages)
 
 
 def _whole(shape: tuple[int, ...]):
@@ -315,7 +365,9 @@ def _forward(static: _Static, q, w, b, kv, z, choice, gate):
         kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
         out_shape=out_shape, compiler_params=params, interpret=interpret,
         name='adamra_routed_forward')
-  outs = _on_every_platform(call)(*args)
+  launch = _launch(specs + out_specs, args + out_shape, t, d, 2,
+                   warps=TILE_WARPS, stages=TILE_STAGES)
+  outs = _on_every_platform(call, launch)(*args)
   return outs[0], (outs[1] if static.stacked else None)
 
 
@@ -350,7 +402,9 @@ def _summary_grads(static: _Static, pre, dy, choice, gate, kv, z):
         kernel, grid=(batch, h_, s_, chunks), in_specs=in_specs,
         out_specs=out_specs, out_shape=out_shape, compiler_params=params,
         interpret=interpret, name='adamra_routed_summary_grad')
-  return _on_every_platform(call)(pre, dy, choice, gate, kv, z)
+  args = [pre, dy, choice, gate, kv, z]
+  launch = _launch(in_specs + out_specs, args + out_shape, rows, d, 4)
+  return _on_every_platform(call, launch)(*args)
 
 
 def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
@@ -378,7 +432,9 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
         kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
         out_shape=out_shape, compiler_params=params, interpret=interpret,
         name='adamra_routed_dq')
-  outs = _on_every_platform(call)(*args)
+  launch = _launch(specs + out_specs, args + out_shape, t, d, 2,
+                   warps=TILE_WARPS, stages=TILE_STAGES)
+  outs = _on_every_platform(call, launch)(*args)
   d_pre, d_gate = outs[0], outs[-1]
 
   d_kv, d_z = _summary_grads(static, pre, dy, choice, gate, kv, z)
@@ -470,8 +526,8 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
     epsilon: added to the denominator.
     all_gate_gradients: give every head's gate the cotangent <y_h, dy>, not
       only the routed one (the straight-through router).
-    block: queries per tile (a power of two >= 16; shorter sequences get
-      smaller tiles).
+    block: queries per tile (a power of two >= 16; shorter sequences, and
+      head dims of 128 or more, get smaller tiles: at most WIDE_HEAD_BLOCK).
 
   Returns:
     `[batch, n, S, d]` in `q`'s dtype. Differentiable in `q`, `kv`, `z`,
@@ -482,9 +538,9 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
   stacked = weight is not None
   batch, n = choice.shape
   heads, subheads, d = kv.shape[1], kv.shape[2], kv.shape[3]
-  t = flash.tile_size(n, block)
-  n_pad = -(-n // t) * t
   dp = _width(d)
+  t = flash.tile_size(n, block if dp < 128 else min(block, WIDE_HEAD_BLOCK))
+  n_pad = -(-n // t) * t
   if stacked:
     f = q.shape[2]
     fp = _width(f)

@@ -327,7 +327,7 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       k = k_ref[pl.ds(j0, t), :]
       v = v_ref[pl.ds(j0, t), :]
       j = _iota((t, t), 1, j0)
-      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i, j)
+      ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
       s = jnp.where(ok, dot(q, k, 1, 1), NEG)
       m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
       p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
@@ -372,7 +372,7 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       k = k_ref[pl.ds(j0, t), :]
       v = v_ref[pl.ds(j0, t), :]
       j = _iota((t, t), 1, j0)
-      ok = _tile_mask(rule, valid_ref[:, pl.ds(j0, t)], i, j)
+      ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
       p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse), 0.0)
       d_p = _dropper(static, stream, tag, i, j)(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
@@ -383,7 +383,13 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
 
 
 def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
-  """One key tile's dK and dV, over the query tiles that see it."""
+  """One key tile's dK and dV, over the query tiles that see it.
+
+  The tiles are transposed, keys by queries (`sT = k q^T`), so that the
+  per-query log-sum-exp and delta are rows `[1, t]` (one row per query
+  tile, read at a sublane offset) and the key tile's flags a column
+  `[t, 1]`: no lane-offset reads, no transposes, and every product
+  contracts the last axis of its left operand."""
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
   (q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref, dk_ref,
@@ -392,27 +398,28 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
   t = static.block
   j0 = pl.program_id(2) * t
   k, v = k_ref[...], v_ref[...]
-  valid = valid_ref[:, pl.ds(j0, t)]
-  j = _iota((t, t), 1, j0)
+  valid = valid_ref[...]
+  j = _iota((t, t), 0, j0)
 
   def body(tile, carry):
     dk, dv = carry
     r0 = pl.multiple_of(tile * t, t)
     q = q_ref[pl.ds(r0, t), :]
     do = do_ref[pl.ds(r0, t), :]
-    i = _iota((t, t), 0, r0)
+    i = _iota((t, t), 1, r0)
     ok = _tile_mask(rule, valid, i, j)
-    p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse_ref[pl.ds(r0, t), :]),
+    p = jnp.where(ok, jnp.exp(dot(k, q, 1, 1) - lse_ref[pl.ds(tile, 1), :]),
                   0.0)
     drop = _dropper(static, stream, tag, i, j)
-    dv = dv + dot(drop(p).astype(do.dtype), do, 0, 0)
-    ds = p * (drop(dot(do, v, 1, 1)) - delta_ref[pl.ds(r0, t), :])
-    dk = dk + dot(ds.astype(q.dtype), q, 0, 0)
+    dv = dv + dot(drop(p).astype(do.dtype), do, 1, 0)
+    ds = p * (drop(dot(v, do, 1, 1)) - delta_ref[pl.ds(tile, 1), :])
+    dk = dk + dot(ds.astype(q.dtype), q, 1, 0)
     return dk, dv
 
   first, last = _tiles(*rule.query_range(j0, j0 + t - 1, nq), t)
-  zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = lax.fori_loop(first, last, body, (zeros, zeros))
+  dk, dv = lax.fori_loop(first, last, body,
+                         (jnp.zeros(k.shape, jnp.float32),
+                          jnp.zeros(v.shape, jnp.float32)))
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -420,22 +427,102 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
 # -- pallas_call plumbing ----------------------------------------------------
 
 
-def on_every_platform(call):
+# Triton's launch settings: (warps, pipeline stages) per tile size and
+# padded head dimension, chosen so that no kernel spills registers on an
+# H100 / H200 (the deviceless compile check, `lra_msmra_tools.compile`):
+# wider heads and tiles spread the accumulators over more warps.
+def triton_warps(block: int, width: int) -> int:
+  """Warps of a Triton kernel whose tiles are `block` rows by `width`
+  columns (the padded head dimension)."""
+  return 8 if block * width >= 64 * 128 else 4
+
+
+# Mosaic keeps every block of a call in VMEM, twice (double buffering) for
+# blocks whose index changes along the grid. A call's scoped VMEM limit is
+# its blocks plus room for the body's tiles, at least Mosaic's default and
+# at most what every TPU generation this project targets has.
+TPU_DEFAULT_VMEM = 16 * 2**20
+TPU_MAX_VMEM = 32 * 2**20  # Hmm: set from the compile check.
+
+
+def vmem_bytes(shape: tuple[int, ...], dtype: Any, buffers: int = 2) -> int:
+  """VMEM of one block on a TPU: its last two axes padded to the (sublane,
+  128-lane) tiling of its dtype."""
+  itemsize = jnp.dtype(dtype).itemsize
+  sublanes = 8 * max(1, 4 // itemsize)
+  rows = shape[-2] if len(shape) > 1 else 1
+  lead = 1
+  for size in shape[:-2]:
+    lead *= size
+  padded = (lead * (-(-rows // sublanes) * sublanes)
+            * (-(-shape[-1] // 128) * 128))
+  return buffers * padded * itemsize
+
+
+class Launch(NamedTuple):
+  """Per-platform settings of one `pallas_call`.
+
+  Attributes:
+    block_bytes: VMEM of its blocks on a TPU (`vmem_bytes`); sets the
+      call's scoped VMEM limit.
+    tile: the rows of its tiles; with `width`, Triton's warps.
+    width: the padded head dimension of its tiles.
+    semantics: per grid axis, 'parallel' (programs independent: a
+      megacore TPU splits them over its cores) or 'arbitrary'.
+    warps: Triton's warps, where `triton_warps` does not fit the kernel.
+    stages: Triton's software-pipelining stages of the kernel's loops
+      (each stage buffers the loop's loads in shared memory once more).
+  """
+  block_bytes: int = 0
+  tile: int = DEFAULT_BLOCK
+  width: int = 64
+  semantics: tuple[str, ...] = ('parallel',) * 3
+  warps: Optional[int] = None
+  stages: int = 2
+
+  @classmethod
+  def of(cls, specs, arrays, tile: int, width: int,
+         semantics: Optional[tuple[str, ...]] = None,
+         warps: Optional[int] = None, stages: int = 2) -> 'Launch':
+    """The launch of a call whose blocks are `specs` of `arrays` (inputs
+    and outputs alike; arrays may be ShapeDtypeStructs), one semantics per
+    grid axis ('parallel' on every axis by default: the grid's length is
+    that of `semantics`)."""
+    total = 0
+    for spec, array in zip(specs, arrays):
+      shape = tuple(size for size in spec.block_shape if size is not None)
+      total += vmem_bytes(shape, array.dtype)
+    return cls(total, tile, width,
+               semantics if semantics is not None else cls.semantics, warps,
+               stages)
+
+  def tpu(self):
+    # Room for the body's [t, t] float32 tiles and the accumulators.
+    scratch = 16 * self.tile * max(self.tile, 128) * 4
+    limit = min(max(TPU_DEFAULT_VMEM, self.block_bytes + scratch),
+                TPU_MAX_VMEM)
+    return pltpu.CompilerParams(dimension_semantics=self.semantics,
+                                vmem_limit_bytes=int(limit))
+
+  def triton(self):
+    return pltriton.CompilerParams(
+        num_warps=self.warps or triton_warps(self.tile, self.width),
+        num_stages=self.stages)
+
+
+def on_every_platform(call, launch: Launch = Launch()):
   """`call(compiler_params, interpret)` as one program for every backend:
   Triton on NVIDIA and AMD GPUs, Mosaic on TPUs, Pallas' interpreter on the
   CPU, picked when the program is lowered (`lax.platform_dependent`). Other
-  kernel modules dispatch their own `pallas_call`s through it."""
+  kernel modules dispatch their own `pallas_call`s through it; `launch`
+  holds the settings each compiler gets."""
   def run(*args):
     return lax.platform_dependent(
         *args,
         cpu=lambda *a: call(None, True)(*a),
-        cuda=lambda *a: call(pltriton.CompilerParams(num_warps=4,
-                                                     num_stages=2),
-                             False)(*a),
-        rocm=lambda *a: call(pltriton.CompilerParams(num_warps=4,
-                                                     num_stages=2),
-                             False)(*a),
-        tpu=lambda *a: call(pltpu.CompilerParams(), False)(*a))
+        cuda=lambda *a: call(launch.triton(), False)(*a),
+        rocm=lambda *a: call(launch.triton(), False)(*a),
+        tpu=lambda *a: call(launch.tpu(), False)(*a))
   return run
 
 
@@ -449,14 +536,28 @@ def _whole_spec(n: int, d: int):
   return pl.BlockSpec((None, None, n, d), lambda b, h, x: (b, h, 0, 0))
 
 
-def _flags_spec(n: int):
-  """One batch row's flags `[1, n]` (arrays `[batch, 1, n]`)."""
-  return pl.BlockSpec((None, 1, n), lambda b, h, x: (b, 0, 0))
+def _flags_spec(tiles: int, t: int):
+  """One batch row's flags, a row `[1, t]` per key tile (arrays `[batch,
+  tiles, t]`): a kernel reads tile j's at a sublane offset, which Mosaic
+  accepts at any index, where a lane offset must be a multiple of 128."""
+  return pl.BlockSpec((None, tiles, t), lambda b, h, x: (b, 0, 0))
+
+
+def _rows_spec(tiles: int, t: int):
+  """One (batch, head)'s per-query statistics, a row `[1, t]` per query
+  tile (arrays `[batch, heads, tiles, t]`)."""
+  return pl.BlockSpec((None, None, tiles, t), lambda b, h, x: (b, h, 0, 0))
+
+
+def _column_spec(t: int):
+  """One key tile's flags as a column `[t, 1]` (arrays `[batch, n, 1]`)."""
+  return pl.BlockSpec((None, t, 1), lambda b, h, x: (b, x, 0))
 
 
 def _key_args(static: _Static, window_args, extra_args):
-  """The (k, v, flags) operands and their specs, window first."""
-  args, specs = [], []
+  """The (k, v, flags) operands, their specs and their blocks' VMEM, window
+  first."""
+  args, specs, nbytes = [], [], 0
   for part, group in ((static.window, window_args),
                       (static.extra, extra_args)):
     if part is None:
@@ -465,8 +566,11 @@ def _key_args(static: _Static, window_args, extra_args):
     args += [k, v, flags]
     specs += [_whole_spec(k.shape[2], k.shape[3]),
               _whole_spec(v.shape[2], v.shape[3]),
-              _flags_spec(flags.shape[2])]
-  return args, specs
+              _flags_spec(*flags.shape[1:])]
+    nbytes += (vmem_bytes(k.shape[2:], k.dtype)
+               + vmem_bytes(v.shape[2:], v.dtype)
+               + vmem_bytes(flags.shape[1:], flags.dtype))
+  return args, specs, nbytes
 
 
 def _sizes(q, window_args, extra_args):
@@ -492,24 +596,25 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
   _, nk, nm = _sizes(q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
-  args, specs = _key_args(static, window_args, extra_args)
+  args, specs, key_bytes = _key_args(static, window_args, extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
   kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
                              nm=nm)
+  stats = 2 if static.extra_mass else 1
+  launch = Launch(
+      key_bytes + vmem_bytes((t, d), q.dtype) + vmem_bytes((t, v_dim), q.dtype)
+      + stats * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
 
   def call(params, interpret):
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [_tile_spec(t, d)] + specs,
-        out_specs=[_tile_spec(t, v_dim), _tile_spec(t, 1)]
-        + ([_tile_spec(t, 1)] if static.extra_mass else []),
-        out_shape=[jax.ShapeDtypeStruct((batch, heads, nq, v_dim), q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)]
-        + ([jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)]
-           if static.extra_mass else []),
+        out_specs=[_tile_spec(t, v_dim)] + [_tile_spec(t, 1)] * stats,
+        out_shape=[jax.ShapeDtypeStruct((batch, heads, nq, v_dim), q.dtype)]
+        + [jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)] * stats,
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
-  return on_every_platform(call)(*seed_args, q, *args)
+  return on_every_platform(call, launch)(*seed_args, q, *args)
 
 
 def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
@@ -520,10 +625,14 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   t = static.block
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32),
                   axis=-1, keepdims=True)
-  args, specs = _key_args(static, window_args, extra_args)
+  args, specs, key_bytes = _key_args(static, window_args, extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
   dq_kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
                                 nm=nm)
+  launch = Launch(
+      key_bytes + 2 * vmem_bytes((t, d), q.dtype)
+      + vmem_bytes((t, v_dim), q.dtype)
+      + 2 * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
 
   def dq_call(params, interpret):
     return pl.pallas_call(
@@ -533,8 +642,12 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
         out_specs=_tile_spec(t, d),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
-  d_q = on_every_platform(dq_call)(*seed_args, q, d_out, lse, delta, *args)
+  d_q = on_every_platform(dq_call, launch)(*seed_args, q, d_out, lse, delta,
+                                           *args)
 
+  # The dK / dV kernels read the statistics of each query tile as a row.
+  rows = lambda x: x.reshape(batch, heads, nq // t, t)
+  lse_rows, delta_rows = rows(lse), rows(delta)
   grads = []
   for rule, tag, group in ((static.window, WINDOW_PART, window_args),
                            (static.extra, EXTRA_PART, extra_args)):
@@ -543,23 +656,31 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       continue
     k, v, flags = group
     n = k.shape[2]
+    columns = flags.reshape(batch, n, 1)
     kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
                                tag=tag, nq=nq)
+    launch = Launch(
+        vmem_bytes((nq, d), q.dtype) + vmem_bytes((nq, v_dim), d_out.dtype)
+        + 2 * vmem_bytes((nq // t, t), jnp.float32)
+        + 2 * vmem_bytes((t, k.shape[3]), k.dtype)
+        + 2 * vmem_bytes((t, v.shape[3]), v.dtype)
+        + vmem_bytes((t, 1), jnp.int32), t, max(d, v_dim))
 
     def dkv_call(params, interpret, k=k, v=v, n=n, kernel=kernel):
       return pl.pallas_call(
           kernel, grid=(batch, heads, n // t),
           in_specs=seed_specs + [
-              _whole_spec(nq, d), _whole_spec(nq, v_dim), _whole_spec(nq, 1),
-              _whole_spec(nq, 1), _tile_spec(t, k.shape[3]),
-              _tile_spec(t, v.shape[3]), _flags_spec(n)],
+              _whole_spec(nq, d), _whole_spec(nq, v_dim),
+              _rows_spec(nq // t, t), _rows_spec(nq // t, t),
+              _tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3]),
+              _column_spec(t)],
           out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
           out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
-    grads.append(tuple(on_every_platform(dkv_call)(
-        *seed_args, q, d_out, lse, delta, k, v, flags)))
+    grads.append(tuple(on_every_platform(dkv_call, launch)(
+        *seed_args, q, d_out, lse_rows, delta_rows, k, v, columns)))
   return d_q, grads[0], grads[1]
 
 
@@ -625,8 +746,10 @@ def _pad(x: Array, axis: int, multiple: int, value=0) -> Array:
 
 
 def _flags(valid: Array, multiple: int) -> Array:
-  """bool `[batch, n]` -> int32 `[batch, 1, n padded]` (padding False)."""
-  return _pad(valid.astype(jnp.int32), 1, multiple)[:, None, :]
+  """bool `[batch, n]` -> int32 `[batch, n padded / multiple, multiple]`,
+  a row per key tile (padding False)."""
+  flags = _pad(valid.astype(jnp.int32), 1, multiple)
+  return flags.reshape(flags.shape[0], -1, multiple)
 
 
 def flash_attention(q: Array, k: Optional[Array] = None,
