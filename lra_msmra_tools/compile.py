@@ -1,8 +1,9 @@
-r"""Compiles a config's train and eval steps for TPU slices and GPU hosts, on a CPU.
+r"""Compiles a config's train and eval steps for TPUs and GPUs, on a CPU.
 
-  python -m lra_msmra_tools.compile --config configs/pathx/cst.py --target v5e:4x4 \
-      [--target h200:8 ...] [--config.KEY=VALUE ...] [--dtype bfloat16] \
-      [--implementation pallas] [--max_batch_search N] [--jobs N] [--out FILE]
+  python -m lra_msmra_tools.compile --config configs/pathx/cst.py \
+      --target v5e:4x4 [--target h200:8 ...] [--config.KEY=VALUE ...] \
+      [--dtype bfloat16] [--implementation pallas] [--per_device_batch N] \
+      [--max_batch_search N] [--jobs N] [--out FILE] [--require_fit]
   python -m lra_msmra_tools.compile --fits_table [--out FILE] [--cache FILE]
 
 For every target (`lra_msmra_tools.targets`: `v5e:2x2`, `v5e-4`, `v4-8`,
@@ -85,15 +86,6 @@ DEFAULT_USABLE = 0.9
 DEFAULT_MAX_BATCH_SEARCH = 4
 # The largest per-device batch the search tries.
 MAX_PER_DEVICE_BATCH = 1 << 20
-# GPU compile options. Without a device XLA has no autotuner, and its
-# Triton GEMM emitter then may find no tile sizes for an odd matrix shape
-# (`Couldn't find output tile sizes ... dot f32[416,64]` for runlocal cst):
-# XLA's own matmuls are compiled with cuBLAS, the autotuner's fallback.
-# Pallas kernels are Triton kernels either way.
-GPU_COMPILER_OPTIONS = {
-    'xla_gpu_enable_triton_gemm': False,
-    'xla_gpu_fail_ptx_compilation_on_register_spilling': True,
-}
 
 
 def _one_line(text: Any, limit: int = 600) -> str:
@@ -161,7 +153,7 @@ _TPU_OOM = re.compile(
 _TPU_USED = re.compile(r'Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm')
 
 
-def _parse_oom(text: str) -> Optional[int]:
+def parse_oom(text: str) -> Optional[int]:
   """Bytes a TPU program needed, from libtpu's out-of-memory message."""
   for pattern in (_TPU_OOM, _TPU_USED):
     m = pattern.search(text)
@@ -193,15 +185,12 @@ def compile_once(fn: Any, args: Sequence[Any], target: targets.Target,
                  ) -> tuple[Any, float]:
   """`fn.trace(*args).lower().compile()` for `target`; (compiled, seconds).
 
-  GPU: with `GPU_COMPILER_OPTIONS` (`spill_check` False lets kernels that
-  spill registers compile) and XLA's dump in `dump_dir` if given.
+  With `target.compiler_options(spill_check)` (False lets GPU kernels that
+  spill registers compile) and, GPU, XLA's dump in `dump_dir` if given.
   """
-  options = None
-  if target.platform == 'cuda':
-    options = dict(GPU_COMPILER_OPTIONS)
-    options['xla_gpu_fail_ptx_compilation_on_register_spilling'] = spill_check
-    if dump_dir:
-      options['xla_dump_to'] = dump_dir
+  options = target.compiler_options(spill_check)
+  if options is not None and dump_dir:
+    options['xla_dump_to'] = dump_dir
   lowered = fn.trace(*args).lower()
   start = time.perf_counter()
   compiled = lowered.compile(compiler_options=options) if options else (
@@ -372,52 +361,62 @@ def search_batch(measure: Callable[[int], Optional[int]], start: int,
 
   `measure(b)` compiles at per-device batch `b` and returns the total bytes
   per device, or None when the compiler refuses it for memory. `start` was
-  measured already (`start_bytes`). Memory is close to affine in the batch:
-  the first guess is where the line through `fixed_bytes` (the part that
-  does not grow with the batch: state, outputs, code) at batch 0 and the
-  start meets the limit, later guesses use the two measured batches nearest
-  the boundary. Every step keeps a batch that compiled and fits below one
-  that does not, checks the next batch up from one that fits, and halves the
-  gap when a guess leaves it. At most `budget` compiles.
+  measured already (`start_bytes`). Memory grows about linearly with the
+  batch, but not exactly (XLA fuses and, on TPU, rematerialises differently
+  at other sizes), so the search keeps a batch that compiled and fits (lo)
+  below one that does not (hi) and guesses where the line through what it
+  knows meets the limit: first the line through `fixed_bytes` (the part
+  that does not grow with the batch: state, outputs, code) at batch 0 and
+  the start; then the line through lo and hi when both have a size, else
+  through the two measured batches nearest below the boundary. A guess at or
+  below lo checks the next batch up; one at or above hi, or the third guess
+  in a row on the same side of an interval, halves it instead. At most
+  `budget` compiles.
   """
   t0 = time.perf_counter()
   points: list[tuple[int, Optional[int]]] = [(start, start_bytes)]
+  sizes = {start: start_bytes}
   fits = lambda m: m is not None and m <= limit
   lo = start if fits(start_bytes) else None
   hi = None if fits(start_bytes) else start
+  outcomes: list[bool] = []  # Fit or not, of the search's own compiles.
   compiles = 0
+
+  def line(b1: int, m1: float, b2: int, m2: float) -> Optional[int]:
+    if b2 == b1 or m2 <= m1:
+      return None
+    slope = (m2 - m1) / (b2 - b1)
+    return int(b1 + (limit - m1) / slope)
+
   while compiles < budget:
     if lo is not None and hi is not None and hi - lo <= unit:
       break
-    if hi is not None and lo is None and hi <= unit:
+    if lo is None and hi is not None and hi <= unit:
       break  # Not even the smallest batch fits.
-    measured = sorted((b, m) for b, m in points if m is not None)
     guess = None
-    if len(measured) >= 2:
-      (b1, m1), (b2, m2) = measured[-2], measured[-1]
-      if lo is not None:  # The two nearest the boundary from below.
+    stalled = (lo is not None and hi is not None and len(outcomes) >= 2
+               and outcomes[-1] == outcomes[-2])
+    if not stalled:
+      measured = sorted((b, m) for b, m in sizes.items() if m is not None)
+      if lo is not None and hi is not None and sizes.get(hi) is not None:
+        guess = line(lo, sizes[lo], hi, sizes[hi])
+      elif lo is not None:
         below = [p for p in measured if p[0] <= lo]
-        above = [p for p in measured if p[0] > lo]
-        pair = (below[-2:] if len(below) >= 2 else below + above[:1])
-        if len(pair) == 2:
-          (b1, m1), (b2, m2) = pair
-      if b2 != b1 and m2 > m1:
-        slope = (m2 - m1) / (b2 - b1)
-        guess = int((limit - (m1 - slope * b1)) / slope)
-    elif (len(measured) == 1 and fixed_bytes is not None
-          and measured[0][1] > fixed_bytes):
-      (b1, m1), = measured
-      slope = (m1 - fixed_bytes) / b1
-      guess = int((limit - fixed_bytes) / slope)
-    if guess is None:
-      guess = 2 * lo if lo is not None else hi // 2
+        if len(below) >= 2:
+          guess = line(*below[-2], *below[-1])
+      if guess is None and len(measured) == 1 and fixed_bytes is not None:
+        (b1, m1), = measured
+        guess = line(0, fixed_bytes, b1, m1)
+    if guess is None:  # Halve the interval, or double a batch that fits.
+      if hi is None:
+        guess = 2 * lo
+      else:
+        guess = ((lo or 0) + hi) // 2
     guess = max(unit, guess // unit * unit)
-    # Keep the guess strictly between what fits and what does not.
     if lo is not None and guess <= lo:
       guess = lo + unit  # Check the next one up.
     if hi is not None and guess >= hi:
-      base = lo if lo is not None else 0
-      guess = max(unit, (base + hi) // 2 // unit * unit)
+      guess = max(unit, ((lo or 0) + hi) // 2 // unit * unit)
       if lo is not None and guess <= lo:
         guess = lo + unit
       if guess >= hi:
@@ -428,6 +427,8 @@ def search_batch(measure: Callable[[int], Optional[int]], start: int,
     total = measure(guess)
     compiles += 1
     points.append((guess, total))
+    sizes[guess] = total
+    outcomes.append(fits(total))
     if fits(total):
       lo = guess
     else:
@@ -479,7 +480,7 @@ def compile_step(program: Any, target: targets.Target, kernel_stats: bool
     except Exception as e:  # pylint: disable=broad-except
       text = str(e)
       if is_out_of_memory(text):
-        out.update(oom=True, total=_parse_oom(text),
+        out.update(oom=True, total=parse_oom(text),
                    message=_one_line(text, 300))
         return out
       if not (target.platform == 'cuda' and is_spill(text)):
@@ -538,8 +539,10 @@ def run_cell(job: Job) -> dict[str, Any]:
                device_kind=target.device_kind)
     from lra_msmra import scaling  # pylint: disable=g-import-not-at-top
     from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
-    from lra_msmra import steps as steps_lib  # pylint: disable=g-import-not-at-top
-    from lra_msmra import train as train_lib  # pylint: disable=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
+    from lra_msmra import steps as steps_lib
+    from lra_msmra import train as train_lib
+    # pylint: enable=g-import-not-at-top
     from lra_msmra import validation  # pylint: disable=g-import-not-at-top
 
     config = job.config
@@ -579,7 +582,8 @@ def run_cell(job: Job) -> dict[str, Any]:
                         want_kernels and key == 'train')
     compile_seconds += step.pop('seconds_total', 0.0)
     out['failures'] += [f'{program.name}: {f}' for f in step.pop('failures')]
-    out['notes'] += [f'{program.name}: {n}' for n in step.pop('notes')]
+    out['notes'] += [f'{program.name}: {line}'
+                     for line in step.pop('notes')]
     kernels = step.pop('kernels', None)
     if kernels is not None and key == 'train':
       out['kernels'] = kernels
@@ -688,7 +692,13 @@ def run_jobs(jobs: Sequence[Job], workers: int, quiet: bool = True,
 # The house formats (MiB for memory, lra_msmra.reporting).
 fmt_bytes = reporting.fmt_bytes
 fmt_flops = outputs.fmt_flops
-fmt_seconds = outputs.fmt_time
+
+
+def fmt_seconds(value: Optional[float]) -> str:
+  """The benchmarks' time format, and µs below a millisecond."""
+  if value is not None and 0 < value < 1e-3:
+    return f'{value * 1e6:.3g} µs'
+  return outputs.fmt_time(value)
 
 
 def fits_text(r: dict[str, Any]) -> str:
@@ -852,8 +862,8 @@ def stderr_lines(results: Sequence[dict[str, Any]]) -> list[str]:
           f'{where} does NOT fit: {fmt_bytes(need)} per device, '
           f'{fmt_bytes(r["usable_bytes"])} usable of '
           f'{fmt_bytes(r["hbm_bytes"])}'
-          + (f'; largest batch per device that fits: {r["search"]["largest_fit"]}'
-             if (r.get('search') or {}).get('largest_fit') else ''))
+          + (f'; largest batch per device that fits: {best}'
+             if (best := (r.get('search') or {}).get('largest_fit')) else ''))
   return out
 
 
@@ -956,7 +966,8 @@ def _define_flags(argv: Sequence[str]):
   return fv
 
 
-def _fail(message: str, status: int = 1) -> int:
+def fail(message: str, status: int = 1) -> int:
+  """Prints `error: message` on stderr; returns the exit status."""
   print(f'error: {message}', file=sys.stderr, flush=True)
   return status
 
@@ -1005,26 +1016,26 @@ def main(argv: Sequence[str]) -> int:
   try:
     fv = parse_flags(argv)
   except ValueError as e:
-    return _fail(str(e))
+    return fail(str(e))
   if fv.fits_table:
     from lra_msmra_tools import fits  # pylint: disable=g-import-not-at-top
     return fits.main(fv, argv)
   if fv['config'].value is None:
-    return _fail('--config FILE[:OPTIONS] is required (or --fits_table).')
+    return fail('--config FILE[:OPTIONS] is required (or --fits_table).')
   if not fv.target:
-    return _fail('give at least one --target, e.g. --target v5e:2x2 or '
+    return fail('give at least one --target, e.g. --target v5e:2x2 or '
                  '--target h100:8.')
   try:
     target_list = [targets.parse(t) for t in fv.target]
     for t in target_list:
       t.check_packages()
   except (ValueError, targets.MissingPackage) as e:
-    return _fail(str(e))
+    return fail(str(e))
   try:
     config = fv.config
     config.keys()  # A config file that failed to load raises here.
   except (OSError, AttributeError, ValueError) as e:
-    return _fail(f'--config: {_one_line(e)}')
+    return fail(f'--config: {_one_line(e)}')
   label = config_label(fv)
   extra = []
   if fv.dtype:

@@ -163,8 +163,8 @@ def main(fv, argv: Sequence[str]) -> int:
   wanted = fv.columns or [t for t, _ in COLUMNS]
   unknown = [t for t in tasks if t not in TASKS]
   if unknown:
-    return compile_lib._fail(f'--tasks: unknown {unknown}; valid: '  # pylint: disable=protected-access
-                             f'{list(TASKS)}.')
+    return compile_lib.fail(f'--tasks: unknown {unknown}; valid: '
+                            f'{list(TASKS)}.')
   try:
     columns = []
     for t in wanted:
@@ -173,13 +173,13 @@ def main(fv, argv: Sequence[str]) -> int:
     for t, _ in columns:
       targets.parse(t).check_packages()
   except (ValueError, targets.MissingPackage) as e:
-    return compile_lib._fail(str(e))  # pylint: disable=protected-access
+    return compile_lib.fail(str(e))
   rows = []
   for task in tasks:
     for mechanism in mechanisms:
       path = os.path.join(scaling.CONFIG_ROOT, task, f'{mechanism}.py')
       if not os.path.exists(path):
-        return compile_lib._fail(  # pylint: disable=protected-access
+        return compile_lib.fail(
             f'--mechanisms: no config file {os.path.relpath(path)}.')
       rows.append(f'{task}/{mechanism}.py')
   settings = {'dtype': fv.dtype, 'implementation': fv.implementation,

@@ -229,6 +229,22 @@ class Target:
       raise ValueError(f'{self.name} is a TPU target: no GPU description.')
     return gpu_target_config(self.chip)
 
+  def compiler_options(self, spill_check: bool = True
+                       ) -> Optional[dict[str, Any]]:
+    """Options for `lowered.compile(compiler_options=...)` on this target.
+
+    GPU: a kernel that spills registers fails the compile (`spill_check`;
+    the option, unlike XLA_FLAGS, works after XLA has started), and XLA's
+    own matmuls use cuBLAS: without a device there is no autotuner, and
+    XLA's Triton GEMM emitter then may find no tile sizes for an odd shape
+    (`Couldn't find output tile sizes ... dot f32[416,64]`). Pallas kernels
+    are Triton kernels either way. TPU: None (libtpu's defaults).
+    """
+    if self.platform != 'cuda':
+      return None
+    return {'xla_gpu_enable_triton_gemm': False,
+            'xla_gpu_fail_ptx_compilation_on_register_spilling': spill_check}
+
   def check_packages(self) -> None:
     """Raises MissingPackage unless this target's compiler is installed."""
     if self.platform == 'tpu':

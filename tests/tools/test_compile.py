@@ -35,9 +35,18 @@ from tests import helpers
 
 ROOT = helpers.ROOT
 
-HAS_LIBTPU = importlib.util.find_spec('libtpu') is not None
-HAS_CUDA = (targets._find('jax_plugins.xla_cuda12') is not None  # pylint: disable=protected-access
-            and targets._find('jax_cuda12_plugin') is not None)  # pylint: disable=protected-access
+
+
+def _installed(target):
+  try:
+    targets.parse(target).check_packages()
+    return True
+  except targets.MissingPackage:
+    return False
+
+
+HAS_LIBTPU = _installed('v5e-4')
+HAS_CUDA = _installed('h100')
 NEEDS_TPU = pytest.mark.skipif(
     not HAS_LIBTPU, reason='libtpu not installed: pip install -r '
     'requirements-compile.txt for the TPU compile tests')
@@ -168,6 +177,15 @@ def test_gpu_target_description_is_our_own():
   assert 'collective_memory_granularity' not in text
   assert 'memory_bandwidth: 3350000000000' in targets.gpu_target_config(
       'h100')
+
+
+def test_compiler_options():
+  assert targets.parse('v5e-4').compiler_options() is None
+  assert targets.parse('h100:8').compiler_options() == {
+      'xla_gpu_enable_triton_gemm': False,
+      'xla_gpu_fail_ptx_compilation_on_register_spilling': True}
+  assert not targets.parse('h200').compiler_options(spill_check=False)[
+      'xla_gpu_fail_ptx_compilation_on_register_spilling']
 
 
 @NEEDS_GPU
@@ -344,7 +362,7 @@ def test_out_of_memory_lines():
           'required for HLO temporaries (82.68G) exceeds available HBM '
           '(15.75G).')
   assert compile_lib.is_out_of_memory(text)
-  assert compile_lib._parse_oom(text) == int(82.68 * (1 << 30))  # pylint: disable=protected-access
+  assert compile_lib.parse_oom(text) == int(82.68 * (1 << 30))
   assert not compile_lib.is_out_of_memory('INTERNAL: Mosaic failed')
   line = compile_lib.failure_line(RuntimeError(
       'CANCELLED: Compilation result discarded due to register spilling'))
