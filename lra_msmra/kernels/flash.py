@@ -301,12 +301,79 @@ def _dropper(static: _Static, stream, part: int, i: Array, j: Array):
   return lambda x: jnp.where(keep, x * scale, 0.0)
 
 
-def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
+class _Rows:
+  """Tiles of `t` rows of one (batch, head)'s whole-sequence operands, read
+  by a loop over tiles.
+
+  On GPUs and in the interpreter the operands are VMEM / global-memory
+  blocks read at the tile's offset. On TPUs (`scratch` given) they stay in
+  HBM: each tile is copied into a two-slot VMEM buffer while the previous
+  one is computed on, so a kernel's VMEM holds two tiles per operand, not
+  the sequence (a 16K sequence of float32 keys and values would not fit the
+  16 MiB of a v4 chip).
+  """
+
+  def __init__(self, refs: list, scratch: Optional[list], t: int):
+    self.refs, self.scratch, self.t = refs, scratch, t
+    # Program ids at the kernel's top level: Pallas' interpreter has none
+    # inside loops.
+    self.batch, self.head = pl.program_id(0), pl.program_id(1)
+
+  def _copies(self, tile: Array, slot: Array) -> list:
+    return [pltpu.make_async_copy(
+        ref.at[self.batch, self.head, pl.ds(tile * self.t, self.t), :],
+        buf.at[slot], sem.at[slot])
+            for ref, (buf, sem) in zip(self.refs, self.scratch)]
+
+  def loop(self, first: Array, last: Array, body, carry):
+    """`body(tile, tiles, carry)` for tile in [first, last), `tiles` the
+    operands' rows of that tile."""
+    t = self.t
+    if self.scratch is None:
+      def direct(tile, carry):
+        j0 = pl.multiple_of(tile * t, t)
+        return body(tile, [ref[pl.ds(j0, t), :] for ref in self.refs],
+                    carry)
+      return lax.fori_loop(first, last, direct, carry)
+
+    @pl.when(first < last)
+    def _():
+      for copy in self._copies(first, lax.rem(first, 2)):
+        copy.start()
+
+    def streamed(tile, carry):
+      slot = lax.rem(tile, 2)
+      for copy in self._copies(tile, slot):
+        copy.wait()
+
+      @pl.when(tile + 1 < last)
+      def _():
+        for copy in self._copies(tile + 1, 1 - slot):
+          copy.start()
+      return body(tile, [buf[slot] for buf, _ in self.scratch], carry)
+    return lax.fori_loop(first, last, streamed, carry)
+
+
+def _scratch(refs: list, count: int, streamed: bool) -> Optional[list]:
+  """The (buffer, semaphores) pairs of `count` streamed operands, taken
+  from the end of `refs` (None when not streamed)."""
+  if not streamed:
+    return None
+  pairs = []
+  for _ in range(count):
+    sem, buf = refs.pop(), refs.pop()
+    pairs.append((buf, sem))
+  return pairs[::-1]
+
+
+def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
+                    streamed: bool = False):
   """One query tile: online softmax over its window and extra key tiles."""
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
   q_ref = refs.pop(0)
   parts = _parts(static, refs, nk, nm)
+  scratch = _scratch(refs, 2 * len(parts), streamed)
   o_ref, lse_ref = refs[:2]
   mass_ref = refs[2] if static.extra_mass else None
   stream = _stream(static, seed_ref)
@@ -319,14 +386,11 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   l = jnp.zeros((t, 1), jnp.float32)
   # The extra keys' part of `l` (the same running maximum), for the mass.
   lx = jnp.zeros((t, 1), jnp.float32)
-  for rule, n, tag, k_ref, v_ref, valid_ref in parts:
-    def body(tile, carry, rule=rule, tag=tag, k_ref=k_ref, v_ref=v_ref,
-             valid_ref=valid_ref):
+  for p_index, (rule, n, tag, k_ref, v_ref, valid_ref) in enumerate(parts):
+    def body(tile, kv, carry, rule=rule, tag=tag, valid_ref=valid_ref):
       acc, m, l, lx = carry
-      j0 = pl.multiple_of(tile * t, t)
-      k = k_ref[pl.ds(j0, t), :]
-      v = v_ref[pl.ds(j0, t), :]
-      j = _iota((t, t), 1, j0)
+      k, v = kv
+      j = _iota((t, t), 1, tile * t)
       ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
       s = jnp.where(ok, dot(q, k, 1, 1), NEG)
       m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
@@ -340,8 +404,10 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
       dropped = _dropper(static, stream, tag, i, j)(p)
       acc = acc * scale + dot(dropped.astype(v.dtype), v, 1, 0)
       return acc, m_new, l, lx
+    rows = _Rows([k_ref, v_ref],
+                 scratch and scratch[2 * p_index:2 * p_index + 2], t)
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
-    acc, m, l, lx = lax.fori_loop(first, last, body, (acc, m, l, lx))
+    acc, m, l, lx = rows.loop(first, last, body, (acc, m, l, lx))
   seen = l > 0
   total = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / total).astype(o_ref.dtype)
@@ -350,13 +416,15 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
     mass_ref[...] = lx / total
 
 
-def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
+def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
+               streamed: bool = False):
   """One query tile's dQ: recompute its weights from the log-sum-exp."""
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
   q_ref, do_ref, lse_ref, delta_ref = refs[:4]
   refs = refs[4:]
   parts = _parts(static, refs, nk, nm)
+  scratch = _scratch(refs, 2 * len(parts), streamed)
   (dq_ref,) = refs
   stream = _stream(static, seed_ref)
   t = static.block
@@ -365,24 +433,24 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int):
   lse, delta = lse_ref[...], delta_ref[...]
   i = _iota((t, t), 0, i0)
   dq = jnp.zeros(q.shape, jnp.float32)
-  for rule, n, tag, k_ref, v_ref, valid_ref in parts:
-    def body(tile, dq, rule=rule, tag=tag, k_ref=k_ref, v_ref=v_ref,
-             valid_ref=valid_ref):
-      j0 = pl.multiple_of(tile * t, t)
-      k = k_ref[pl.ds(j0, t), :]
-      v = v_ref[pl.ds(j0, t), :]
-      j = _iota((t, t), 1, j0)
+  for p_index, (rule, n, tag, k_ref, v_ref, valid_ref) in enumerate(parts):
+    def body(tile, kv, dq, rule=rule, tag=tag, valid_ref=valid_ref):
+      k, v = kv
+      j = _iota((t, t), 1, tile * t)
       ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
       p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse), 0.0)
       d_p = _dropper(static, stream, tag, i, j)(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
       return dq + dot(ds.astype(k.dtype), k, 1, 0)
+    rows = _Rows([k_ref, v_ref],
+                 scratch and scratch[2 * p_index:2 * p_index + 2], t)
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
-    dq = lax.fori_loop(first, last, body, dq)
+    dq = rows.loop(first, last, body, dq)
   dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
+def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
+                streamed: bool = False):
   """One key tile's dK and dV, over the query tiles that see it.
 
   The tiles are transposed, keys by queries (`sT = k q^T`), so that the
@@ -392,6 +460,7 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
   contracts the last axis of its left operand."""
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
+  scratch = _scratch(refs, 2, streamed)
   (q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref, dk_ref,
    dv_ref) = refs
   stream = _stream(static, seed_ref)
@@ -401,12 +470,10 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
   valid = valid_ref[...]
   j = _iota((t, t), 0, j0)
 
-  def body(tile, carry):
+  def body(tile, q_do, carry):
     dk, dv = carry
-    r0 = pl.multiple_of(tile * t, t)
-    q = q_ref[pl.ds(r0, t), :]
-    do = do_ref[pl.ds(r0, t), :]
-    i = _iota((t, t), 1, r0)
+    q, do = q_do
+    i = _iota((t, t), 1, tile * t)
     ok = _tile_mask(rule, valid, i, j)
     p = jnp.where(ok, jnp.exp(dot(k, q, 1, 1) - lse_ref[pl.ds(tile, 1), :]),
                   0.0)
@@ -417,9 +484,10 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int):
     return dk, dv
 
   first, last = _tiles(*rule.query_range(j0, j0 + t - 1, nq), t)
-  dk, dv = lax.fori_loop(first, last, body,
-                         (jnp.zeros(k.shape, jnp.float32),
-                          jnp.zeros(v.shape, jnp.float32)))
+  rows = _Rows([q_ref, do_ref], scratch, t)
+  dk, dv = rows.loop(first, last, body,
+                     (jnp.zeros(k.shape, jnp.float32),
+                      jnp.zeros(v.shape, jnp.float32)))
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -510,6 +578,12 @@ class Launch(NamedTuple):
         num_stages=self.stages)
 
 
+# On the CPU, run the kernels in the form they take on TPUs (their HBM
+# streaming and semaphores), in Pallas' TPU interpreter, instead of the
+# plain form (tests set it to check that form's numerics).
+INTERPRET_TPU_FORM = False
+
+
 def on_every_platform(call, launch: Launch = Launch()):
   """`call(compiler_params, interpret)` as one program for every backend:
   Triton on NVIDIA and AMD GPUs, Mosaic on TPUs, Pallas' interpreter on the
@@ -519,7 +593,8 @@ def on_every_platform(call, launch: Launch = Launch()):
   def run(*args):
     return lax.platform_dependent(
         *args,
-        cpu=lambda *a: call(None, True)(*a),
+        cpu=lambda *a: (call(launch.tpu(), pltpu.InterpretParams())(*a)
+                        if INTERPRET_TPU_FORM else call(None, True)(*a)),
         cuda=lambda *a: call(launch.triton(), False)(*a),
         rocm=lambda *a: call(launch.triton(), False)(*a),
         tpu=lambda *a: call(launch.tpu(), False)(*a))
@@ -554,23 +629,58 @@ def _column_spec(t: int):
   return pl.BlockSpec((None, t, 1), lambda b, h, x: (b, x, 0))
 
 
+def _is_tpu(params) -> bool:
+  return isinstance(params, pltpu.CompilerParams)
+
+
+class _Whole(NamedTuple):
+  """Whole-sequence operands of a call: their specs in each form, and on
+  TPUs their streaming buffers (`_Rows`)."""
+  direct: list  # BlockSpecs of VMEM / global-memory blocks.
+  hbm: list  # BlockSpecs leaving them in HBM (TPU).
+  scratch: list  # Per operand, a two-tile VMEM buffer and its semaphores.
+  tpu_bytes: int  # VMEM of those buffers.
+
+  @classmethod
+  def of(cls, arrays, t: int) -> '_Whole':
+    direct, scratch, nbytes = [], [], 0
+    for x in arrays:
+      direct.append(_whole_spec(x.shape[2], x.shape[3]))
+      scratch += [pltpu.VMEM((2, t, x.shape[3]), x.dtype),
+                  pltpu.SemaphoreType.DMA((2,))]
+      nbytes += vmem_bytes((2, t, x.shape[3]), x.dtype, buffers=1)
+    return cls(direct, [pl.BlockSpec(memory_space=pl.ANY)] * len(arrays),
+               scratch, nbytes)
+
+  def specs(self, params) -> list:
+    return self.hbm if _is_tpu(params) else self.direct
+
+  def scratch_shapes(self, params) -> tuple:
+    return tuple(self.scratch) if _is_tpu(params) else ()
+
+
 def _key_args(static: _Static, window_args, extra_args):
-  """The (k, v, flags) operands, their specs and their blocks' VMEM, window
-  first."""
-  args, specs, nbytes = [], [], 0
+  """The (k, v, flags) operands, window first; the keys and values as
+  `_Whole` operands, and the flags' specs and VMEM."""
+  args, arrays, flag_specs, nbytes = [], [], [], 0
   for part, group in ((static.window, window_args),
                       (static.extra, extra_args)):
     if part is None:
       continue
     k, v, flags = group
     args += [k, v, flags]
-    specs += [_whole_spec(k.shape[2], k.shape[3]),
-              _whole_spec(v.shape[2], v.shape[3]),
-              _flags_spec(*flags.shape[1:])]
-    nbytes += (vmem_bytes(k.shape[2:], k.dtype)
-               + vmem_bytes(v.shape[2:], v.dtype)
-               + vmem_bytes(flags.shape[1:], flags.dtype))
-  return args, specs, nbytes
+    arrays += [k, v]
+    flag_specs.append(_flags_spec(*flags.shape[1:]))
+    nbytes += vmem_bytes(flags.shape[1:], flags.dtype)
+  return args, _Whole.of(arrays, static.block), flag_specs, nbytes
+
+
+def _key_specs(whole: _Whole, flag_specs: list, params) -> list:
+  """The specs of `_key_args`'s operands, in their order."""
+  specs, kv = [], whole.specs(params)
+  for index, flags in enumerate(flag_specs):
+    specs += [kv[2 * index], kv[2 * index + 1], flags]
+  return specs
 
 
 def _sizes(q, window_args, extra_args):
@@ -596,22 +706,26 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
   _, nk, nm = _sizes(q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
-  args, specs, key_bytes = _key_args(static, window_args, extra_args)
+  args, whole, flag_specs, flag_bytes = _key_args(static, window_args,
+                                                  extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
-  kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
-                             nm=nm)
   stats = 2 if static.extra_mass else 1
   launch = Launch(
-      key_bytes + vmem_bytes((t, d), q.dtype) + vmem_bytes((t, v_dim), q.dtype)
+      whole.tpu_bytes + flag_bytes + vmem_bytes((t, d), q.dtype)
+      + vmem_bytes((t, v_dim), q.dtype)
       + stats * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
 
   def call(params, interpret):
+    kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
+                               nm=nm, streamed=_is_tpu(params))
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
-        in_specs=seed_specs + [_tile_spec(t, d)] + specs,
+        in_specs=seed_specs + [_tile_spec(t, d)]
+        + _key_specs(whole, flag_specs, params),
         out_specs=[_tile_spec(t, v_dim)] + [_tile_spec(t, 1)] * stats,
         out_shape=[jax.ShapeDtypeStruct((batch, heads, nq, v_dim), q.dtype)]
         + [jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)] * stats,
+        scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
   return on_every_platform(call, launch)(*seed_args, q, *args)
@@ -625,22 +739,25 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   t = static.block
   delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32),
                   axis=-1, keepdims=True)
-  args, specs, key_bytes = _key_args(static, window_args, extra_args)
+  args, whole, flag_specs, flag_bytes = _key_args(static, window_args,
+                                                  extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
-  dq_kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
-                                nm=nm)
   launch = Launch(
-      key_bytes + 2 * vmem_bytes((t, d), q.dtype)
+      whole.tpu_bytes + flag_bytes + 2 * vmem_bytes((t, d), q.dtype)
       + vmem_bytes((t, v_dim), q.dtype)
       + 2 * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
 
   def dq_call(params, interpret):
+    kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
+                               nm=nm, streamed=_is_tpu(params))
     return pl.pallas_call(
-        dq_kernel, grid=(batch, heads, nq // t),
+        kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [_tile_spec(t, d), _tile_spec(t, v_dim),
-                               _tile_spec(t, 1), _tile_spec(t, 1)] + specs,
+                               _tile_spec(t, 1), _tile_spec(t, 1)]
+        + _key_specs(whole, flag_specs, params),
         out_specs=_tile_spec(t, d),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
   d_q = on_every_platform(dq_call, launch)(*seed_args, q, d_out, lse, delta,
                                            *args)
@@ -648,6 +765,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   # The dK / dV kernels read the statistics of each query tile as a row.
   rows = lambda x: x.reshape(batch, heads, nq // t, t)
   lse_rows, delta_rows = rows(lse), rows(delta)
+  queries = _Whole.of([q, d_out], t)
   grads = []
   for rule, tag, group in ((static.window, WINDOW_PART, window_args),
                            (static.extra, EXTRA_PART, extra_args)):
@@ -657,26 +775,25 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
     k, v, flags = group
     n = k.shape[2]
     columns = flags.reshape(batch, n, 1)
-    kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
-                               tag=tag, nq=nq)
     launch = Launch(
-        vmem_bytes((nq, d), q.dtype) + vmem_bytes((nq, v_dim), d_out.dtype)
-        + 2 * vmem_bytes((nq // t, t), jnp.float32)
+        queries.tpu_bytes + 2 * vmem_bytes((nq // t, t), jnp.float32)
         + 2 * vmem_bytes((t, k.shape[3]), k.dtype)
         + 2 * vmem_bytes((t, v.shape[3]), v.dtype)
         + vmem_bytes((t, 1), jnp.int32), t, max(d, v_dim))
 
-    def dkv_call(params, interpret, k=k, v=v, n=n, kernel=kernel):
+    def dkv_call(params, interpret, k=k, v=v, n=n, rule=rule, tag=tag):
+      kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
+                                 tag=tag, nq=nq, streamed=_is_tpu(params))
       return pl.pallas_call(
           kernel, grid=(batch, heads, n // t),
-          in_specs=seed_specs + [
-              _whole_spec(nq, d), _whole_spec(nq, v_dim),
+          in_specs=seed_specs + queries.specs(params) + [
               _rows_spec(nq // t, t), _rows_spec(nq // t, t),
               _tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3]),
               _column_spec(t)],
           out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
           out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                      jax.ShapeDtypeStruct(v.shape, v.dtype)],
+          scratch_shapes=queries.scratch_shapes(params),
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
     grads.append(tuple(on_every_platform(dkv_call, launch)(

@@ -240,3 +240,33 @@ def test_extra_mass_and_small_head_dims():
   _, none = flash.flash_attention(q, k, v, valid, window=window,
                                   return_extra_mass=True)
   assert float(jnp.abs(none).max()) == 0.0
+
+
+@pytest.fixture
+def tpu_form(monkeypatch):
+  """Runs the kernels in their TPU form (keys streamed from HBM through
+  two-tile VMEM buffers, DMA semaphores) in Pallas' TPU interpreter."""
+  monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', True)
+
+
+@pytest.mark.parametrize('cid,window,rule', [CASES[0], CASES[5], CASES[6],
+                                             CASES[7]],
+                         ids=[CASES[i][0] for i in (0, 5, 6, 7)])
+def test_tpu_form_equals_reference_with_gradients(tpu_form, cid, window,
+                                                  rule):
+  del tpu_form, cid
+  q, k, v, _, kx, vx, _ = _inputs()
+  kernel, ref = _functions(window, rule)
+  drop = dict(dropout_rate=0.25, dropout_seed=jnp.int32(5))
+  args = (q, k, v, kx, vx)
+  out = jax.jit(lambda *a: kernel(*a, **drop))(*args)
+  np.testing.assert_allclose(out, ref(*args, **drop), rtol=1e-5, atol=1e-5)
+  cot = jax.random.normal(jax.random.PRNGKey(1), out.shape)
+  argnums = tuple(i for i, used in enumerate(
+      (True, window is not None, window is not None, rule is not None,
+       rule is not None)) if used)
+  loss = lambda f: lambda *a: jnp.sum(f(*a, **drop) * cot)
+  got = jax.jit(jax.grad(loss(kernel), argnums))(*args)
+  want = jax.grad(loss(ref), argnums)(*args)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
