@@ -1,0 +1,257 @@
+r"""Does every Pallas kernel compile on every target? A deviceless sweep.
+
+  python -m lra_msmra_tools.kernels --targets v5e-4,v4-8,h200:1 \
+      --lengths 1K,4K,16K --head_dims 32,64,128 --dtypes bfloat16,float32 \
+      --cache runs/kernel_matrix.json
+
+For every case, one attention layer (`StandaloneAttention`, as the encoder
+builds it) with `implementation='pallas'`: its forward pass and the
+gradients of its parameters and input (every forward and backward kernel),
+jitted over one compile-only device of the target and really compiled:
+
+* TPU (libtpu): Mosaic's checks of every kernel (tiling, alignment of
+  dynamic slices, scoped VMEM within the limit the kernel asks for);
+* GPU (the CUDA plugin): Triton to sm_90a machine code, failing on shared
+  memory beyond the block's opt-in limit and on any register spill
+  (`Target.compiler_options`).
+
+Cases: every mechanism variant of `VARIANTS` x length x head dim x dtype x
+target; the batch is 2 with a padding mask (its values are not part of a
+compiled program). Each case compiles in a worker process (`--jobs` at a
+time); finished cases are kept in `--cache` (JSON) so that an interrupted
+sweep continues where it stopped. It prints one table, a row per case, and
+exits 1 if any case failed. `tests/kernels/test_compile.py` runs a small
+matrix of it on v5e and the H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+from lra_msmra_tools import targets as targets_lib
+
+# (label, registry name, knobs): every mechanism variant with a Pallas
+# implementation (each class's IMPLEMENTATIONS lists 'pallas').
+VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ('cst', 'cst', {'slice_length': 8}),
+    ('long_short', 'long_short', {}),
+    ('adamra', 'adamra', {}),
+    ('combiner_fixed', 'combiner', {'variant': 'fixed'}),
+    ('combiner_axial_vertical', 'combiner',
+     {'variant': 'axial', 'axial_plan': 'vertical'}),
+    ('combiner_axial_horizontal', 'combiner',
+     {'variant': 'axial', 'axial_plan': 'horizontal'}),
+    ('combiner_mixture', 'combiner', {'variant': 'mixture'}),
+)
+BATCH = 2
+HEADS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One compile: a mechanism variant at one shape on one target."""
+  variant: str
+  target: str
+  length: int
+  head_dim: int
+  dtype: str
+  heads: int = HEADS
+  batch: int = BATCH
+
+  @property
+  def key(self) -> str:
+    return (f'{self.variant}|{self.target}|{self.length}|{self.head_dim}|'
+            f'{self.dtype}|{self.heads}|{self.batch}')
+
+
+def _variant(label: str) -> tuple[str, dict[str, Any]]:
+  for name, mechanism, kw in VARIANTS:
+    if name == label:
+      return mechanism, kw
+  raise ValueError(f'unknown variant {label!r}; valid: '
+                   f'{", ".join(v[0] for v in VARIANTS)}.')
+
+
+def compile_case(case: Case) -> dict[str, Any]:
+  """Compiles one case in this process; its record (status, seconds,
+  error). Needs `targets.prepare_environment()` before JAX is imported."""
+  targets_lib.prepare_environment()
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
+  from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
+
+  target = targets_lib.parse(case.target)
+  mechanism, kw = _variant(case.variant)
+  record = dataclasses.asdict(case)
+  start = time.perf_counter()
+  try:
+    device = target.devices()[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    dtype = jnp.dtype(case.dtype)
+    features = case.heads * case.head_dim
+    layer = standalone.StandaloneAttention(
+        mechanism=mechanism, kw=FrozenDict(dict(kw, implementation='pallas')),
+        num_heads=case.heads, qkv_features=features, dtype=dtype,
+        max_len=case.length)
+    params = jax.eval_shape(lambda: layer.init(
+        jax.random.PRNGKey(0), jnp.zeros((1, case.length, features), dtype),
+        padding_mask=jnp.ones((1, case.length), bool)))
+    place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                           sharding=sharding)
+    params = jax.tree.map(place, params)
+    x = place(jax.ShapeDtypeStruct((case.batch, case.length, features),
+                                   dtype))
+    mask = place(jax.ShapeDtypeStruct((case.batch, case.length), jnp.bool_))
+
+    def loss(p, x, mask):
+      y = layer.apply(p, x, padding_mask=mask)
+      return jnp.sum(y.astype(jnp.float32) ** 2)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    lowered = grad.trace(params, x, mask).lower()
+    text = lowered.as_text()
+    record['kernels'] = (text.count('tpu_custom_call')
+                         + text.count('__gpu$xla.gpu.triton'))
+    lowered.compile(target.compiler_options())
+    record['status'] = 'ok'
+  except Exception as e:  # pylint: disable=broad-except
+    record['status'] = 'FAILED'
+    record['error'] = f'{type(e).__name__}: {" ".join(str(e).split())[:600]}'
+  record['seconds'] = round(time.perf_counter() - start, 1)
+  return record
+
+
+def _worker(case: Case) -> dict[str, Any]:
+  return compile_case(case)
+
+
+def run(cases: Sequence[Case], jobs: int = 1,
+        cache: Optional[str] = None, progress=None) -> list[dict[str, Any]]:
+  """Every case's record, compiled in `jobs` worker processes; records
+  already in `cache` are reused and new ones added to it as they finish."""
+  done: dict[str, dict[str, Any]] = {}
+  if cache and os.path.exists(cache):
+    with open(cache) as f:
+      done = {r['key']: r for r in json.load(f)}
+  todo = [c for c in cases if c.key not in done]
+
+  def keep(case: Case, record: dict[str, Any]) -> None:
+    record['key'] = case.key
+    done[case.key] = record
+    if progress:
+      progress(record)
+    if cache:
+      os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
+      with open(cache + '.tmp', 'w') as f:
+        json.dump(list(done.values()), f, indent=1)
+      os.replace(cache + '.tmp', cache)
+
+  if todo:
+    import multiprocessing  # pylint: disable=g-import-not-at-top
+    context = multiprocessing.get_context('spawn')  # No inherited JAX.
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=max(1, jobs), mp_context=context,
+        initializer=targets_lib.prepare_environment) as pool:
+      futures = {pool.submit(_worker, c): c for c in todo}
+      for future in concurrent.futures.as_completed(futures):
+        keep(futures[future], future.result())
+  return [done[c.key] for c in cases]
+
+
+def markdown(records: Sequence[dict[str, Any]]) -> str:
+  lines = ['| variant | target | N | head dim | dtype | kernels | compiles | '
+           'seconds |', '|---|---|---|---|---|---|---|---|']
+  errors = []
+  for r in records:
+    lines.append(f'| {r["variant"]} | {r["target"]} | {r["length"]} | '
+                 f'{r["head_dim"]} | {r["dtype"]} | {r.get("kernels", "—")} '
+                 f'| {r["status"]} | {r["seconds"]} |')
+    if r['status'] != 'ok':
+      errors.append(f'- {r["variant"]} on {r["target"]}, N={r["length"]}, '
+                    f'd={r["head_dim"]}, {r["dtype"]}: {r["error"]}')
+  if errors:
+    lines += ['', 'Failures:', ''] + errors
+  return '\n'.join(lines)
+
+
+def _ints(text: str) -> list[int]:
+  out = []
+  for part in text.split(','):
+    part = part.strip().upper()
+    out.append(int(part[:-1]) * 1024 if part.endswith('K') else int(part))
+  return out
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+  p = argparse.ArgumentParser(
+      prog='python -m lra_msmra_tools.kernels',
+      description='Compile every Pallas kernel (forward and backward) for '
+                  'TPU and GPU targets, on this CPU.')
+  p.add_argument('--targets', default='v4-8,v5e-4,v5p-8,v6e:2x2,h100,h200',
+                 help='comma-separated target names (lra_msmra_tools.targets)')
+  p.add_argument('--variants', default=','.join(v[0] for v in VARIANTS),
+                 help='comma-separated mechanism variants')
+  p.add_argument('--lengths', default='1K,4K,16K',
+                 help='sequence lengths, e.g. 1000,4K,16K')
+  p.add_argument('--head_dims', default='32,64,128')
+  p.add_argument('--dtypes', default='bfloat16,float32')
+  p.add_argument('--jobs', type=int, default=os.cpu_count() or 1)
+  p.add_argument('--cache', default=None,
+                 help='JSON of finished cases: a rerun continues from it')
+  p.add_argument('--out', default=None, help='also write the table here')
+  args = p.parse_args(argv)
+  try:
+    for name in args.targets.split(','):
+      targets_lib.parse(name)
+    for name in args.variants.split(','):
+      _variant(name)
+    args.length_list = _ints(args.lengths)
+    args.head_dim_list = _ints(args.head_dims)
+  except ValueError as e:
+    p.error(str(e))
+  for dtype in args.dtypes.split(','):
+    if dtype not in ('bfloat16', 'float32'):
+      p.error(f'--dtypes: {dtype!r} is not bfloat16 or float32.')
+  return args
+
+
+def main(argv: Sequence[str]) -> int:
+  args = parse_args(argv[1:])
+  targets_lib.prepare_environment()
+  cases = [Case(v, t, n, d, dt)
+           for t in args.targets.split(',')
+           for v in args.variants.split(',')
+           for n in args.length_list for d in args.head_dim_list
+           for dt in args.dtypes.split(',')]
+  for name in {c.target for c in cases}:
+    try:
+      targets_lib.parse(name).check_packages()
+    except targets_lib.MissingPackage as e:
+      raise SystemExit(f'error: {e}') from None
+
+  def progress(r):
+    print(f'{r["status"]:6} {r["variant"]} {r["target"]} N={r["length"]} '
+          f'd={r["head_dim"]} {r["dtype"]} ({r["seconds"]} s)',
+          file=sys.stderr, flush=True)
+  records = run(cases, args.jobs, args.cache, progress)
+  import jax  # pylint: disable=g-import-not-at-top
+  text = (f'`python -m lra_msmra_tools.kernels {" ".join(argv[1:])}` '
+          f'({time.strftime("%Y-%m-%d")}, JAX {jax.__version__}): forward '
+          f'and gradients of one layer, batch {BATCH}, {HEADS} heads.\n\n'
+          + markdown(records))
+  print(text)
+  if args.out:
+    with open(args.out, 'w') as f:
+      f.write(text + '\n')
+  return 1 if any(r['status'] != 'ok' for r in records) else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv))

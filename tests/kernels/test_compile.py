@@ -1,0 +1,49 @@
+"""Every Pallas kernel compiles for a TPU (v5e) and a GPU (H200), on this CPU.
+
+A real compile, not a lowering (`lra_msmra_tools.kernels`): libtpu runs
+Mosaic's checks (tiling, aligned dynamic slices, scoped VMEM), and the
+CUDA plugin compiles Triton to sm_90a machine code, failing on shared
+memory beyond the limit and on register spills. Every mechanism variant
+with a Pallas implementation, forward and gradients, at the `runlocal`
+shape of the LRA configs (float32, 100 tokens, head dim 16) and at a
+length that is a multiple of no tile (bfloat16, 1000 tokens, head dim
+64). The wider sweep (every TPU generation, H100, lengths to 16K, head
+dims to 128, both dtypes) is the command of docs/scaling.md.
+"""
+
+import importlib.util
+
+import pytest
+
+from lra_msmra_tools import kernels as kernel_matrix
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group('kernels-compile'),
+    pytest.mark.skipif(
+        importlib.util.find_spec('libtpu') is None
+        or importlib.util.find_spec('jax_cuda12_plugin') is None,
+        reason='the compile extras are not installed '
+               '(pip install -r requirements-compile.txt)'),
+]
+
+SHAPES = ((100, 16, 'float32'), (1000, 64, 'bfloat16'))
+TARGETS = ('v5e-4', 'h200')
+CASES = [kernel_matrix.Case(variant, target, n, d, dtype)
+         for variant, _, _ in kernel_matrix.VARIANTS
+         for target in TARGETS for n, d, dtype in SHAPES]
+
+
+@pytest.fixture(scope='module')
+def records():
+  """Every case compiled once, two worker processes at a time."""
+  return {r['key']: r for r in kernel_matrix.run(CASES, jobs=2)}
+
+
+@pytest.mark.parametrize('case', CASES, ids=[
+    f'{c.variant}-{c.target}-{c.length}-{c.dtype}' for c in CASES])
+def test_kernel_compiles(records, case):
+  record = records[case.key]
+  assert record['status'] == 'ok', record.get('error')
+  # The layer really runs kernels there: the forward and backward calls.
+  assert record['kernels'] >= 2, record
