@@ -701,6 +701,16 @@ def fmt_seconds(value: Optional[float]) -> str:
   return outputs.fmt_time(value)
 
 
+def step_text(est: dict[str, Any], long: bool = False) -> str:
+  """'~13.4 ms', the roofline estimate; '≥ 9.06 µs' from the FLOPs alone
+  when there is no byte count (GPU), a lower bound."""
+  if est.get('memory_s') is None:
+    return f'≥ {fmt_seconds(est["step_s"])}' + (' (FLOPs only)' if long
+                                                 else '')
+  bound = 'compute' if est['compute_s'] >= est['memory_s'] else 'memory'
+  return f'~{fmt_seconds(est["step_s"])}' + (f' ({bound})' if long else '')
+
+
 def fits_text(r: dict[str, Any]) -> str:
   if r.get('error'):
     return 'error'
@@ -752,11 +762,7 @@ def row(r: dict[str, Any]) -> list[str]:
     return [name, target] + ['—'] * (len(HEADER) - 3) + ['error (below)']
   train = r.get('train') or {}
   est = r.get('estimate')
-  step = '—'
-  if est:
-    step = ('~' + fmt_seconds(est['step_s']) +
-            (' (compute)' if not est['memory_s'] or
-             est['compute_s'] >= est['memory_s'] else ' (memory)'))
+  step = step_text(est, long=True) if est else '—'
   return [
       name, target, str(r.get('per_device_batch', '—')),
       fmt_bytes(r.get('state_bytes')),
@@ -832,7 +838,8 @@ def markdown(results: Sequence[dict[str, Any]], usable: float) -> str:
       'matmuls, counted from the \'xla\' implementation\'s program as the '
       'trainer counts them; bytes: XLA\'s cost analysis (TPU only). Step '
       'time: a roofline ESTIMATE, max(FLOPs / peak, bytes / bandwidth), '
-      'not a measurement.']
+      'not a measurement; on GPU, with no byte count, FLOPs / peak alone, '
+      'a lower bound (≥).']
   if kernels:
     notes += ['', 'Pallas kernels on GPU (shared memory from XLA\'s thunk '
               'sequence, registers and spills from `ptxas -v`):', ''] + kernels

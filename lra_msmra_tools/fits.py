@@ -87,7 +87,7 @@ def cell_text(r: Optional[dict[str, Any]]) -> str:
                    f'batch ≥ {lo}')
   est = r.get('estimate')
   if est:
-    parts.append('~' + compile_lib.fmt_seconds(est['step_s']))
+    parts.append(compile_lib.step_text(est))
   parts.append(f'{r.get("compile_seconds", 0):.0f} s')
   return SEP.join(parts)
 
@@ -119,7 +119,9 @@ def section(rows: Sequence[str], columns: Sequence[tuple[str, str]],
       f'at most {settings["max_batch_search"]} per cell; "≥" where the '
       'search stopped before the next batch up was tried), the step time as '
       'a roofline ESTIMATE (max(FLOPs / peak, bytes / bandwidth), not a '
-      'measurement) and the compile time of the two steps on this machine. '
+      'measurement; "≥": FLOPs / peak alone, a lower bound, on GPUs, whose '
+      'compiler gives no byte count) and the compile time of the two steps '
+      'on this machine. '
       f'Activations in {dtype}, '
       f'attention implementation {implementation}.', '']
   heading = ['config (global batch)'] + [h for _, h in columns]

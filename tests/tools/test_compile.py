@@ -371,6 +371,15 @@ def test_out_of_memory_lines():
                          'spilling=true)')
 
 
+def test_step_time_is_an_estimate_or_a_lower_bound():
+  tpu = {'step_s': 0.0134, 'compute_s': 4.5e-5, 'memory_s': 0.0134}
+  gpu = {'step_s': 9.06e-6, 'compute_s': 9.06e-6, 'memory_s': None}
+  assert compile_lib.step_text(tpu) == '~13.4 ms'
+  assert compile_lib.step_text(tpu, long=True) == '~13.4 ms (memory)'
+  assert compile_lib.step_text(gpu) == '≥ 9.06 µs'
+  assert compile_lib.step_text(gpu, long=True) == '≥ 9.06 µs (FLOPs only)'
+
+
 def test_fits_cells_are_cached_and_resumed(tmp_path):
   """A cell already in the cache is not compiled again; its text is in the
   section, the rest of the table is left out and counted."""
@@ -381,7 +390,7 @@ def test_fits_cells_are_cached_and_resumed(tmp_path):
           'usable_bytes': 1 << 35, 'failures': [], 'notes': [],
           'peak_bytes': 3 << 30, 'fits': True, 'compile_seconds': 41.7,
           'estimate': {'step_s': 2.5e-3, 'compute_s': 2.5e-3,
-                       'memory_s': None},
+                       'memory_s': 1e-3},
           'search': {'largest_fit': 37, 'smallest_no_fit': 38, 'exact': True}}
   cache = tmp_path / 'cache.json'
   key = fits.cell_key('listops/cst.py', 'h100:8', settings)
