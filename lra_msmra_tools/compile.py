@@ -163,8 +163,11 @@ def parse_oom(text: str) -> Optional[int]:
 
 
 def is_out_of_memory(text: str) -> bool:
-  return 'RESOURCE_EXHAUSTED' in text and (
-      'memory' in text.lower() or 'hbm' in text.lower())
+  """Whether a failed compile says the program does not fit the device
+  (not a kernel beyond a GPU block's shared memory, a kernel's own fault)."""
+  lower = text.lower()
+  return ('RESOURCE_EXHAUSTED' in text and 'shared memory' not in lower
+          and ('memory' in lower or 'hbm' in lower))
 
 
 def _spilling_kernel(text: str) -> Optional[str]:

@@ -33,8 +33,10 @@ import json
 import os
 import sys
 import time
+import types
 from typing import Any, Optional, Sequence
 
+from lra_msmra_tools import compile as compile_lib
 from lra_msmra_tools import targets as targets_lib
 
 # (label, registry name, knobs): every mechanism variant with a Pallas
@@ -64,11 +66,14 @@ class Case:
   dtype: str
   heads: int = HEADS
   batch: int = BATCH
+  dropout: float = 0.0
+  causal: bool = False
 
   @property
   def key(self) -> str:
     return (f'{self.variant}|{self.target}|{self.length}|{self.head_dim}|'
-            f'{self.dtype}|{self.heads}|{self.batch}')
+            f'{self.dtype}|{self.heads}|{self.batch}|{self.dropout}|'
+            f'{self.causal}')
 
 
 def _variant(label: str) -> tuple[str, dict[str, Any]]:
@@ -100,7 +105,7 @@ def compile_case(case: Case) -> dict[str, Any]:
     layer = standalone.StandaloneAttention(
         mechanism=mechanism, kw=FrozenDict(dict(kw, implementation='pallas')),
         num_heads=case.heads, qkv_features=features, dtype=dtype,
-        max_len=case.length)
+        max_len=case.length, dropout_rate=case.dropout, causal=case.causal)
     params = jax.eval_shape(lambda: layer.init(
         jax.random.PRNGKey(0), jnp.zeros((1, case.length, features), dtype),
         padding_mask=jnp.ones((1, case.length), bool)))
@@ -112,15 +117,30 @@ def compile_case(case: Case) -> dict[str, Any]:
     mask = place(jax.ShapeDtypeStruct((case.batch, case.length), jnp.bool_))
 
     def loss(p, x, mask):
-      y = layer.apply(p, x, padding_mask=mask)
+      y = layer.apply(p, x, padding_mask=mask,
+                      deterministic=not case.dropout,
+                      rngs={'dropout': jax.random.PRNGKey(1)})
       return jnp.sum(y.astype(jnp.float32) ** 2)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    lowered = grad.trace(params, x, mask).lower()
-    text = lowered.as_text()
+    text = grad.trace(params, x, mask).lower().as_text()
     record['kernels'] = (text.count('tpu_custom_call')
                          + text.count('__gpu$xla.gpu.triton'))
-    lowered.compile(target.compiler_options())
-    record['status'] = 'ok'
+    step = compile_lib.compile_step(
+        types.SimpleNamespace(fn=grad, args=(params, x, mask)), target,
+        kernel_stats=target.platform == 'cuda')
+    stats = step.get('kernels', {}).get('kernels', [])
+    if stats:
+      record['registers'] = max(k.get('registers', 0) for k in stats)
+      record['shared_memory'] = max(k.get('shared_memory', 0) for k in stats)
+    record['notes'] = step['notes']
+    if step.get('oom'):
+      record['status'] = 'FAILED'
+      record['error'] = f'does not fit: {step.get("message", "")}'
+    elif step['failures']:
+      record['status'] = 'FAILED'
+      record['error'] = ' '.join(step['failures'])[:600]
+    else:
+      record['status'] = 'ok'
   except Exception as e:  # pylint: disable=broad-except
     record['status'] = 'FAILED'
     record['error'] = f'{type(e).__name__}: {" ".join(str(e).split())[:600]}'
@@ -165,19 +185,37 @@ def run(cases: Sequence[Case], jobs: int = 1,
   return [done[c.key] for c in cases]
 
 
+def _label(r: dict[str, Any]) -> str:
+  """'cst on h200, N=1000, d=64, bfloat16, dropout 0.1, causal'."""
+  return (f'{r["variant"]} on {r["target"]}, N={r["length"]}, '
+          f'd={r["head_dim"]}, {r["dtype"]}'
+          + (f', dropout {r["dropout"]}' if r.get('dropout') else '')
+          + (', causal' if r.get('causal') else ''))
+
+
 def markdown(records: Sequence[dict[str, Any]]) -> str:
-  lines = ['| variant | target | N | head dim | dtype | kernels | compiles | '
-           'seconds |', '|---|---|---|---|---|---|---|---|']
-  errors = []
+  """A row per case; the failures and notes below the table."""
+  lines = ['| variant | target | N | head dim | dtype | dropout | form | '
+           'kernels | GPU registers (max) | GPU shared memory (max) | '
+           'compiles | seconds |',
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  errors, notes = [], []
   for r in records:
-    lines.append(f'| {r["variant"]} | {r["target"]} | {r["length"]} | '
-                 f'{r["head_dim"]} | {r["dtype"]} | {r.get("kernels", "—")} '
-                 f'| {r["status"]} | {r["seconds"]} |')
+    smem = r.get('shared_memory')
+    lines.append(
+        f'| {r["variant"]} | {r["target"]} | {r["length"]} | '
+        f'{r["head_dim"]} | {r["dtype"]} | {r.get("dropout", 0)} | '
+        f'{"causal" if r.get("causal") else "bidirectional"} | '
+        f'{r.get("kernels", "—")} | {r.get("registers", "—")} | '
+        f'{"—" if smem is None else f"{smem:,} B"} | {r["status"]} | '
+        f'{r["seconds"]} |')
     if r['status'] != 'ok':
-      errors.append(f'- {r["variant"]} on {r["target"]}, N={r["length"]}, '
-                    f'd={r["head_dim"]}, {r["dtype"]}: {r["error"]}')
+      errors.append(f'- {_label(r)}: {r["error"]}')
+    notes += [f'- {_label(r)}: {n}' for n in r.get('notes', [])]
   if errors:
     lines += ['', 'Failures:', ''] + errors
+  if notes:
+    lines += ['', 'Notes:', ''] + notes
   return '\n'.join(lines)
 
 
@@ -202,6 +240,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                  help='sequence lengths, e.g. 1000,4K,16K')
   p.add_argument('--head_dims', default='32,64,128')
   p.add_argument('--dtypes', default='bfloat16,float32')
+  p.add_argument('--dropouts', default='0,0.1',
+                 help='attention dropout rates (dropout adds the keep-mask '
+                      'hashing to the kernels)')
+  p.add_argument('--forms', default='bidirectional',
+                 help='bidirectional, causal or both (comma-separated)')
   p.add_argument('--jobs', type=int, default=os.cpu_count() or 1)
   p.add_argument('--cache', default=None,
                  help='JSON of finished cases: a rerun continues from it')
@@ -216,6 +259,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.head_dim_list = _ints(args.head_dims)
   except ValueError as e:
     p.error(str(e))
+  try:
+    args.dropout_list = [float(r) for r in args.dropouts.split(',')]
+  except ValueError:
+    p.error(f'--dropouts: {args.dropouts!r} is not a list of rates.')
+  if not all(0.0 <= r < 1.0 for r in args.dropout_list):
+    p.error(f'--dropouts: {args.dropouts!r}: each rate in [0, 1).')
+  args.form_list = args.forms.split(',')
+  for form in args.form_list:
+    if form not in ('bidirectional', 'causal'):
+      p.error(f'--forms: {form!r} is not bidirectional or causal.')
   for dtype in args.dtypes.split(','):
     if dtype not in ('bfloat16', 'float32'):
       p.error(f'--dtypes: {dtype!r} is not bfloat16 or float32.')
@@ -225,11 +278,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> int:
   args = parse_args(argv[1:])
   targets_lib.prepare_environment()
-  cases = [Case(v, t, n, d, dt)
+  cases = [Case(v, t, n, d, dt, dropout=r, causal=form == 'causal')
            for t in args.targets.split(',')
            for v in args.variants.split(',')
            for n in args.length_list for d in args.head_dim_list
-           for dt in args.dtypes.split(',')]
+           for dt in args.dtypes.split(',')
+           for r in args.dropout_list for form in args.form_list]
   for name in {c.target for c in cases}:
     try:
       targets_lib.parse(name).check_packages()
@@ -237,8 +291,7 @@ def main(argv: Sequence[str]) -> int:
       raise SystemExit(f'error: {e}') from None
 
   def progress(r):
-    print(f'{r["status"]:6} {r["variant"]} {r["target"]} N={r["length"]} '
-          f'd={r["head_dim"]} {r["dtype"]} ({r["seconds"]} s)',
+    print(f'{r["status"]:6} {_label(r)} ({r["seconds"]} s)',
           file=sys.stderr, flush=True)
   records = run(cases, args.jobs, args.cache, progress)
   import jax  # pylint: disable=g-import-not-at-top

@@ -66,6 +66,11 @@ DEFAULT_BLOCK = flash.DEFAULT_BLOCK
 # Query tiles summed by one program of the summary-gradient kernel (at most;
 # a divisor of the number of tiles).
 CHUNK_TILES = 16
+# The stacked projection's maps are read PROJECT_SPAN input rows at a time
+# (a [span, d] slice of W_hs per matrix product): a whole [F, d] float32
+# map, F = 512 and d = 128, needs 288 KiB of shared memory on GPUs, beyond
+# the H100's 227 KiB. A multiple of 128 lanes, as TPUs need.
+PROJECT_SPAN = 128
 
 
 class _Static(NamedTuple):
@@ -99,9 +104,21 @@ def _slope(pre: Array, feature_map: str) -> Array:
   return jnp.where(pre > 0, 1.0, jnp.exp(jnp.minimum(pre, 0.0)))
 
 
-def _project(q: Array, w_ref, b_ref, h: int, s: int, dtype) -> Array:
-  """Head h's subhead-s query map, rounded as the XLA projection is."""
-  pre = _dot(q, w_ref[h, s], 1, 0).astype(dtype)
+def _spans(width: int) -> list[tuple[int, int]]:
+  """The static column spans of a first-stage query row `width` wide, at
+  most PROJECT_SPAN each."""
+  step = min(width, PROJECT_SPAN)
+  return [(c, c + step) for c in range(0, width, step)]
+
+
+def _project(q_ref, w_ref, b_ref, h: int, s: int, dtype) -> Array:
+  """Head h's subhead-s query map, rounded as the XLA projection is (one
+  float32 sum over spans of the input width, PROJECT_SPAN)."""
+  pre = None
+  for c0, c1 in _spans(q_ref.shape[-1]):
+    part = _dot(q_ref[:, c0:c1], w_ref[h, s, c0:c1, :], 1, 0)
+    pre = part if pre is None else pre + part
+  pre = pre.astype(dtype)
   if b_ref is not None:
     pre = pre + b_ref[h, s].astype(dtype)
   return pre
@@ -139,7 +156,6 @@ def _forward_kernel(*refs, static: _Static):
   r = _split(refs, static, _FORWARD_REFS)
   choice = r['choice'][...]
   g = _routed_gate(choice, r['gate'], static.heads)
-  q = r['q'][...] if static.stacked else None
 
   # One (subhead, head) pair per loop iteration, not unrolled (unrolled,
   # every pair's tiles were live at once: register spills on GPUs).
@@ -151,7 +167,7 @@ def _forward_kernel(*refs, static: _Static):
       num, den, pre_sel = carry
       pre = phi_h = phi
       if static.stacked:
-        pre = _project(q, r['w'], r['b'], h, s, r['y'].dtype)
+        pre = _project(r['q'], r['w'], r['b'], h, s, r['y'].dtype)
         phi_h = _feature(pre.astype(jnp.float32), static.feature_map)
       # Queries routed nowhere (tile padding) get head 0's.
       take = (choice == h) | (h == 0)
@@ -186,7 +202,6 @@ def _dq_kernel(*refs, static: _Static):
   choice = r['choice'][...]
   g = _routed_gate(choice, r['gate'], static.heads)
   eps = static.epsilon
-  q = r['q'][...] if static.stacked else None
   own_heads = static.stacked and static.all_gate_gradients
 
   # One (subhead, head) pair per loop iteration, in two passes over the
@@ -206,7 +221,7 @@ def _dq_kernel(*refs, static: _Static):
       # Head h's value at every query: its own queries for the
       # straight-through gate's share, else the routed queries (only read
       # where routed to h).
-      phi_h = (_feature(_project(q, r['w'], r['b'], h, s, r['q'].dtype
+      phi_h = (_feature(_project(r['q'], r['w'], r['b'], h, s, r['q'].dtype
                                  ).astype(jnp.float32), static.feature_map)
                if own_heads else phi)
       num_dy_h = jnp.sum(_dot(phi_h, r['kv'][h, s], 1, 0) * dy, axis=1,
@@ -237,24 +252,26 @@ def _dq_kernel(*refs, static: _Static):
     d_pre = d_phi * _slope(pre, static.feature_map)
     r['d_pre'][s] = d_pre.astype(r['d_pre'].dtype)
     if static.stacked:
-      def head_dq(h, d_q):
+      def head_dq(h, d_q):  # d_q: a [t, span] float32 sum per span.
         d_pre_h = jnp.where(choice == h, d_pre, 0.0).astype(r['w'].dtype)
-        return d_q + _dot(d_pre_h, r['w'][h, s], 1, 1)
+        return tuple(part + _dot(d_pre_h, r['w'][h, s, c0:c1, :], 1, 1)
+                     for part, (c0, c1) in zip(d_q, spans))
       d_q = lax.fori_loop(0, static.heads, head_dq, d_q)
     return terms, d_q
 
   terms = tuple(jnp.zeros(choice.shape, jnp.float32)
                 for _ in range(static.heads))
-  d_q = (jnp.zeros(q.shape, jnp.float32) if static.stacked
-         else jnp.zeros((), jnp.float32))
+  spans = _spans(r['q'].shape[-1]) if static.stacked else []
+  t = choice.shape[0]
+  d_q = tuple(jnp.zeros((t, c1 - c0), jnp.float32) for c0, c1 in spans)
   terms, d_q = lax.fori_loop(0, static.subheads, subhead, (terms, d_q))
   for h in range(static.heads):
     term = terms[h]
     if not static.all_gate_gradients:
       term = jnp.where(choice == h, term, 0.0)
     r['d_gate'][h] = term
-  if static.stacked:
-    r['d_q'][...] = d_q.astype(r['d_q'].dtype)
+  for part, (c0, c1) in zip(d_q, spans):
+    r['d_q'][:, c0:c1] = part.astype(r['d_q'].dtype)
 
 
 def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
@@ -526,8 +543,9 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
     epsilon: added to the denominator.
     all_gate_gradients: give every head's gate the cotangent <y_h, dy>, not
       only the routed one (the straight-through router).
-    block: queries per tile (a power of two >= 16; shorter sequences, and
-      head dims of 128 or more, get smaller tiles: at most WIDE_HEAD_BLOCK).
+    block: queries per tile (a power of two >= 16; shorter sequences, head
+      dims of 128 or more (at most WIDE_HEAD_BLOCK) and wide float32 heads
+      (`flash.max_block`) get smaller tiles).
 
   Returns:
     `[batch, n, S, d]` in `q`'s dtype. Differentiable in `q`, `kv`, `z`,
@@ -539,7 +557,8 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
   batch, n = choice.shape
   heads, subheads, d = kv.shape[1], kv.shape[2], kv.shape[3]
   dp = _width(d)
-  t = flash.tile_size(n, block if dp < 128 else min(block, WIDE_HEAD_BLOCK))
+  t = flash.tile_size(n, flash.max_block(
+      dp, q.dtype, block if dp < 128 else min(block, WIDE_HEAD_BLOCK)))
   n_pad = -(-n // t) * t
   if stacked:
     f = q.shape[2]

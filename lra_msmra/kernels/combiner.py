@@ -500,9 +500,13 @@ def _stack_cols(parts: list[Array]) -> Array:
   return _stack_rows([jnp.swapaxes(p, 2, 3) for p in parts])
 
 
-def tile(length: int, block: Optional[int] = None) -> int:
-  """The kernels' tile for `length` positions (`flash.tile_size`)."""
-  return flash.tile_size(length, block or BLOCK)
+def tile(length: int, widths: tuple[int, ...], dtype,
+         block: Optional[int] = None) -> int:
+  """The kernels' tile for `length` positions of heads `widths` wide
+  (queries and keys, values) in `dtype` (`flash.tile_size`, within
+  `flash.max_block`)."""
+  width = max(_width(w) for w in widths)
+  return flash.tile_size(length, flash.max_block(width, dtype, block or BLOCK))
 
 
 # -- Combiner-Fixed ----------------------------------------------------------
@@ -578,7 +582,7 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
         hq, hk, hv, real, window=flash.Window('segment', size=block_size,
                                               causal=causal),
         extra=(k_span, span_values, has), extra_rule=rule,
-        block=tile(length, block))
+        block=tile(length, (hq.shape[3], hv.shape[3]), hq.dtype, block))
   else:
     # Direct keys drop after the joint softmax, summaries do not: two calls
     # under one softmax.
@@ -586,7 +590,8 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
                                           'le' if causal else 'all'))
     spans = Keys(k_span, span_values, has, rule, direct=False)
     out = _joint({'rows': hq}, {'rows': [direct, spans]}, 1, length,
-                 tile(length, block), dropout_rate, seeds)
+                 tile(length, (hq.shape[3], hv.shape[3]), hq.dtype, block),
+                 dropout_rate, seeds)
   return _heads_major(out)
 
 
@@ -669,7 +674,7 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   g = g._replace(pq=g.q if pq is q else _grid_heads(grid(pq)),
                  pk=g.k if pk is k else _grid_heads(grid(pk)))
   n, m = g.real.shape[1:]
-  t = tile(n * m, block)
+  t = tile(n * m, (g.q.shape[4], g.v.shape[4]), g.q.dtype, block)
   seeds = Seeds(dropout_seed if dropout_rate else None)
   spans = functools.partial(_spans, g, pool=pool, t=t,
                             dropout_rate=dropout_rate, seeds=seeds)

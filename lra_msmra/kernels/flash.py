@@ -495,14 +495,35 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
 # -- pallas_call plumbing ----------------------------------------------------
 
 
-# Triton's launch settings: (warps, pipeline stages) per tile size and
-# padded head dimension, chosen so that no kernel spills registers on an
-# H100 / H200 (the deviceless compile check, `lra_msmra_tools.compile`):
-# wider heads and tiles spread the accumulators over more warps.
+# Triton keeps a kernel's [tile, width] operand tiles and accumulators, and
+# its [tile, tile] scores, in registers. The deviceless compile sweep
+# (`python -m lra_msmra_tools.kernels`, sm_90a: H100 / H200, failing on any
+# spill) found the largest tiles with which no flash kernel spills, dropout
+# and every key rule included: [64, 128] in 2-byte dtypes with 8 warps; in
+# float32 [32, 32] and [16, 64] ([64, 64] spills with 4 warps, [32, 128]
+# with 4 or 8 in long_short's dQ kernel, [32, 64] in Combiner-Axial's dK/dV
+# kernel) and [16, 128] (MIN_BLOCK). TILE_ELEMENTS holds those limits per
+# element size; the tile they give holds on every platform, since it fixes
+# the padding and the layout of the key flags.
+TILE_ELEMENTS = {1: 8192, 2: 8192, 4: 1024}
+# Tiles of this many elements and more run on 8 warps, smaller ones on 4.
+WIDE_TILE_ELEMENTS = 8192
+
+
+def max_block(width: int, dtype: Any, block: int = DEFAULT_BLOCK) -> int:
+  """The largest tile of at most `block` rows (halving it) whose [tile,
+  width] tiles of `dtype` stay within TILE_ELEMENTS (at least MIN_BLOCK)."""
+  limit = TILE_ELEMENTS.get(jnp.dtype(dtype).itemsize, min(
+      TILE_ELEMENTS.values()))
+  while block > MIN_BLOCK and block * width > limit:
+    block //= 2
+  return block
+
+
 def triton_warps(block: int, width: int) -> int:
   """Warps of a Triton kernel whose tiles are `block` rows by `width`
   columns (the padded head dimension)."""
-  return 8 if block * width >= 64 * 128 else 4
+  return 8 if block * width >= WIDE_TILE_ELEMENTS else 4
 
 
 # Mosaic keeps every block of a call in VMEM, twice (double buffering) for
@@ -890,8 +911,9 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     extra: None, or (keys `[batch, heads, m, d]`, values `[batch, heads, m,
       dv]`, bool validity `[batch, m]`).
     extra_rule: which extra keys each query sees.
-    block: queries and keys per tile (a power of two >= 16; shorter
-      sequences get smaller tiles).
+    block: queries and keys per tile, at most (a power of two >= 16;
+      shorter sequences, and wide float32 heads (`max_block`), get smaller
+      tiles).
     dropout_rate: attention dropout on the normalised weights (0: none).
     dropout_seed: int32 or uint32 scalar; required with dropout. The keep
       mask is `keep_mask(seed, b, h, query, key, part, heads, rate)`.
@@ -913,9 +935,9 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     raise ValueError('flash_attention needs a window, extra keys or both.')
   longest = max([q.shape[2]] + ([k.shape[2]] if window is not None else [])
                 + ([extra[0].shape[2]] if extra is not None else []))
-  t = tile_size(longest, block)
   v_dim = (v if window is not None else extra[1]).shape[3]
   widths = (tile_size(q.shape[3], 2**30), tile_size(v_dim, 2**30))
+  t = tile_size(longest, max_block(max(widths), q.dtype, block))
   keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
   values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
   if window is not None:

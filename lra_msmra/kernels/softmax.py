@@ -168,7 +168,9 @@ def cudnn_attention(q: Array, k: Array, v: Array, padding_mask: Array, *,
         q, k, v, scale=scale, is_causal=causal, query_seq_lengths=lengths,
         key_value_seq_lengths=lengths, implementation=CUDNN_BACKEND)
   except RuntimeError as e:
-    if 'not detected' not in str(e):  # JAX's "cuDNN is not detected."
+    # JAX's "cuDNN is not detected." or, with the CUDA plugin installed
+    # but no GPU, "cuDNN not found.".
+    if 'not detected' not in str(e) and 'not found' not in str(e):
       raise
     raise ValueError(
         f"implementation='cudnn' needs cuDNN on an NVIDIA GPU; JAX has none "
