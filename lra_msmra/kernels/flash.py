@@ -49,11 +49,28 @@ tested against the plain XLA formula, `reference`). `lax.platform_dependent`
 picks the form when the program is lowered, so a program exported for
 `cuda` or `tpu` on a CPU-only machine holds the real kernel (one platform
 per program: the Triton and Mosaic parameters sit in separate branches,
-which one program lowered for both platforms at once cannot hold). Kernel
-code avoids what one of the lowerings lacks: integer division is `lax.div`
-on non-negative values (`//` lowers through `sign`, which Mosaic resolves
-against the local device), per-key flags come as rows `[1, N]` and
-per-query statistics as columns `[N, 1]`, iotas are 2-D.
+which one program lowered for both platforms at once cannot hold). Each
+call's settings per compiler are a `Launch`: on TPUs the scoped VMEM limit
+and 'parallel' grid axes (a megacore chip, v4 or v5p, splits them over its
+two cores); on GPUs Triton's warps and pipeline stages. The tile and the
+warps follow `max_block` and `triton_warps`, found by compiling every
+mechanism for an H200 without a register spill.
+
+On TPUs the whole-sequence operands (the keys and values of the forward
+and dQ kernels, the queries and output gradients of the dK / dV kernel)
+stay in HBM and stream through two-tile VMEM buffers, the next tile's copy
+started before the current one is used (`_Rows`), so VMEM does not grow
+with the sequence; Triton reads them from global memory tile by tile.
+
+Kernel code avoids what one of the lowerings lacks: integer division is
+`lax.div` on non-negative values (`//` lowers through `sign`, which Mosaic
+resolves against the local device); key flags come as a row per key tile
+`[tiles, t]` (a dynamic slice along the lane axis must be provably a
+multiple of 128 lanes on TPUs; a row index may be anything), per-query
+statistics as columns `[N, 1]` for the forward and dQ kernels and as rows
+per query tile for the dK / dV kernel, which works on transposed tiles
+(keys by queries); iotas are 2-D. `INTERPRET_TPU_FORM` runs the TPU form
+(streaming, DMA semaphores) in Pallas' TPU interpreter on the CPU.
 """
 
 from __future__ import annotations
@@ -529,9 +546,12 @@ def triton_warps(block: int, width: int) -> int:
 # Mosaic keeps every block of a call in VMEM, twice (double buffering) for
 # blocks whose index changes along the grid. A call's scoped VMEM limit is
 # its blocks plus room for the body's tiles, at least Mosaic's default and
-# at most what every TPU generation this project targets has.
+# at most the largest limit libtpu takes for every TPU generation this
+# project targets (v4's, whose VMEM itself holds 16 MiB; v5e, v5p and v6e
+# take up to 128 MiB). Whole-sequence operands stay in HBM (`_Rows`), so
+# the blocks are a few tiles at any sequence length.
 TPU_DEFAULT_VMEM = 16 * 2**20
-TPU_MAX_VMEM = 32 * 2**20  # Hmm: set from the compile check.
+TPU_MAX_VMEM = 32 * 2**20
 
 
 def vmem_bytes(shape: tuple[int, ...], dtype: Any, buffers: int = 2) -> int:
