@@ -970,6 +970,9 @@ def _define_flags(argv: Sequence[str]):
                     'transformer).', flag_values=fv)
   flags.DEFINE_list('columns', None, '--fits_table: only these targets.',
                     flag_values=fv)
+  flags.DEFINE_bool('cached_only', False, '--fits_table: compile nothing; '
+                    'the table of the cells already in --cache (a table '
+                    'still under way).', flag_values=fv)
   flags.DEFINE_string('doc', None, '--fits_table: also put the section '
                       'between the fits-table markers of this file (e.g. '
                       'docs/scaling.md).', flag_values=fv)

@@ -4,7 +4,7 @@ r"""The "Where it fits" table of docs/scaling.md, compiled on a CPU.
       [--cache fits_cache.json] [--tasks listops,pathx] \
       [--mechanisms cst,transformer] [--columns v5e-4,h100:8] \
       [--max_batch_search N] [--dtype bfloat16] [--jobs N] \
-      [--doc docs/scaling.md]
+      [--doc docs/scaling.md] [--cached_only]
 
 Rows: every task's full-size config (`configs/<task>/`) for cst,
 long_short, adamra, combiner_axial and softmax (`transformer.py`), at the
@@ -20,7 +20,8 @@ whole table hours, so every finished cell goes into a JSON cache (`--cache`,
 keyed by config, target and settings) as soon as it is done; running the
 same command again compiles only the cells missing from it. The markdown
 section lists the rows with at least one finished cell and says how many
-cells are still to run. `--doc FILE` replaces the section between the
+cells are still to run (`--cached_only` writes it from the cache alone,
+compiling nothing). `--doc FILE` replaces the section between the
 markers `<!-- fits-table:start -->` and `<!-- fits-table:end -->` of FILE.
 """
 
@@ -207,6 +208,8 @@ def main(fv, argv: Sequence[str]) -> int:
           target=target, max_batch_search=fv.max_batch_search,
           usable=fv.usable, kernel_stats=fv.kernel_stats))
       where.append((config, target, key))
+  if fv.cached_only:
+    jobs, where = [], []
   print(f'{len(cells) - len(jobs)} of {len(cells)} cells in {cache_path}; '
         f'compiling {len(jobs)} with {min(fv.jobs, max(1, len(jobs)))} '
         'workers.', file=sys.stderr, flush=True)
@@ -223,7 +226,10 @@ def main(fv, argv: Sequence[str]) -> int:
   compile_lib.run_jobs(jobs, fv.jobs, quiet=not fv.verbose,
                        on_result=finished)
   text = section(rows, columns, cells,
-                 compile_lib.command_line(argv[1:]), settings)
+                 compile_lib.command_line(
+                     [a for a in argv[1:] if a not in ('--cached_only',
+                                                       '--cached_only=true')]),
+                 settings)
   print(text, flush=True)
   if fv.out:
     compile_lib.write_outputs(fv.out, text, [

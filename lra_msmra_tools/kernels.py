@@ -193,6 +193,34 @@ def _label(r: dict[str, Any]) -> str:
           + (', causal' if r.get('causal') else ''))
 
 
+def summary(records: Sequence[dict[str, Any]]) -> str:
+  """A row per target: cases compiled, and on GPUs the most registers and
+  shared memory of any kernel and the cases where XLA's own fusions
+  spill."""
+  lines = ['| target | cases | compile | lengths | head dims | dtypes | '
+           'dropout | most registers / thread (GPU) | most shared memory '
+           '(GPU) | XLA\'s own fusions spill (GPU) |',
+           '|---|---|---|---|---|---|---|---|---|---|']
+  join = lambda values: ', '.join(str(v) for v in sorted(set(values)))
+  for target in dict.fromkeys(r['target'] for r in records):
+    mine = [r for r in records if r['target'] == target]
+    ok = sum(r['status'] == 'ok' for r in mine)
+    registers = [r['registers'] for r in mine if r.get('registers')]
+    smem = [r['shared_memory'] for r in mine if r.get('shared_memory')]
+    theirs = sum(bool(r.get('notes')) for r in mine)
+    gpu = bool(registers)
+    lines.append(
+        f'| {target} | {len(mine)} | {ok} of {len(mine)} | '
+        f'{join(r["length"] for r in mine)} | '
+        f'{join(r["head_dim"] for r in mine)} | '
+        f'{join(r["dtype"] for r in mine)} | '
+        f'{join(r.get("dropout", 0) for r in mine)} | '
+        f'{max(registers) if gpu else "—"} | '
+        f'{f"{max(smem):,} B" if smem else "—"} | '
+        f'{f"{theirs} cases" if gpu else "—"} |')
+  return '\n'.join(lines)
+
+
 def markdown(records: Sequence[dict[str, Any]]) -> str:
   """A row per case; the failures and notes below the table."""
   lines = ['| variant | target | N | head dim | dtype | dropout | form | '
@@ -249,6 +277,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--cache', default=None,
                  help='JSON of finished cases: a rerun continues from it')
   p.add_argument('--out', default=None, help='also write the table here')
+  p.add_argument('--cached_only', action='store_true',
+                 help='compile nothing: the tables of the cases already in '
+                      '--cache (a sweep still under way)')
   args = p.parse_args(argv)
   try:
     for name in args.targets.split(','):
@@ -293,12 +324,24 @@ def main(argv: Sequence[str]) -> int:
   def progress(r):
     print(f'{r["status"]:6} {_label(r)} ({r["seconds"]} s)',
           file=sys.stderr, flush=True)
-  records = run(cases, args.jobs, args.cache, progress)
-  import jax  # pylint: disable=g-import-not-at-top
-  text = (f'`python -m lra_msmra_tools.kernels {" ".join(argv[1:])}` '
-          f'({time.strftime("%Y-%m-%d")}, JAX {jax.__version__}): forward '
-          f'and gradients of one layer, batch {BATCH}, {HEADS} heads.\n\n'
-          + markdown(records))
+  if args.cached_only:
+    if not (args.cache and os.path.exists(args.cache)):
+      raise SystemExit(f'error: --cached_only needs an existing --cache '
+                       f'file, got {args.cache!r}.')
+    with open(args.cache) as f:
+      done = {r['key']: r for r in json.load(f)}
+    records = [done[c.key] for c in cases if c.key in done]
+  else:
+    records = run(cases, args.jobs, args.cache, progress)
+  command = ' '.join(a for a in argv[1:] if a != '--cached_only')
+  left = len(cases) - len(records)
+  text = (f'`python -m lra_msmra_tools.kernels {command}` '
+          f'({time.strftime("%Y-%m-%d")}, {compile_lib.versions()}): forward and gradients of one layer, '
+          f'batch {BATCH} with padding, {HEADS} heads; {len(records)} of '
+          f'{len(cases)} cases compiled'
+          + (f' ({left} not run yet: the same command compiles them)'
+             if left else '') + '.\n\n'
+          + summary(records) + '\n\n' + markdown(records))
   print(text)
   if args.out:
     with open(args.out, 'w') as f:

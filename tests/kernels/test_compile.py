@@ -7,7 +7,7 @@ memory beyond the limit and on register spills. Every mechanism variant
 with a Pallas implementation, forward and gradients, at the `runlocal`
 shape of the LRA configs (float32, 100 tokens, head dim 16) and at a
 length that is a multiple of no tile (bfloat16, 1000 tokens, head dim
-64). The wider sweep (every TPU generation, H100, lengths to 16K, head
+64, attention dropout 0.1: the kernels' keep-mask hashing). The wider sweep (every TPU generation, H100, lengths to 16K, head
 dims to 128, both dtypes) is the command of docs/scaling.md.
 """
 
@@ -27,11 +27,11 @@ pytestmark = [
                '(pip install -r requirements-compile.txt)'),
 ]
 
-SHAPES = ((100, 16, 'float32'), (1000, 64, 'bfloat16'))
+SHAPES = ((100, 16, 'float32', 0.0), (1000, 64, 'bfloat16', 0.1))
 TARGETS = ('v5e-4', 'h200')
-CASES = [kernel_matrix.Case(variant, target, n, d, dtype)
+CASES = [kernel_matrix.Case(variant, target, n, d, dtype, dropout=rate)
          for variant, _, _ in kernel_matrix.VARIANTS
-         for target in TARGETS for n, d, dtype in SHAPES]
+         for target in TARGETS for n, d, dtype, rate in SHAPES]
 
 
 @pytest.fixture(scope='module')
