@@ -2,7 +2,9 @@ r"""Does every Pallas kernel compile on every target? A deviceless sweep.
 
   python -m lra_msmra_tools.kernels --targets v5e-4,v4-8,h200:1 \
       --lengths 1K,4K,16K --head_dims 32,64,128 --dtypes bfloat16,float32 \
-      --cache runs/kernel_matrix.json
+      [--dropouts 0,0.1] [--forms bidirectional,causal] \
+      --cache runs/kernel_matrix.json [--out F.md] [--doc docs/scaling.md] \
+      [--cached_only]
 
 For every case, one attention layer (`StandaloneAttention`, as the encoder
 builds it) with `implementation='pallas'`: its forward pass and the
@@ -16,11 +18,15 @@ jitted over one compile-only device of the target and really compiled:
   (`Target.compiler_options`).
 
 Cases: every mechanism variant of `VARIANTS` x length x head dim x dtype x
-target; the batch is 2 with a padding mask (its values are not part of a
-compiled program). Each case compiles in a worker process (`--jobs` at a
+attention dropout x form (bidirectional, causal) x target; the batch is 2
+with a padding mask (its values are not part of a compiled program). A
+spill in XLA's own fusions (not in a Pallas kernel) is a note, not a
+failure (`compile.compile_step`). Each case compiles in a worker process (`--jobs` at a
 time); finished cases are kept in `--cache` (JSON) so that an interrupted
-sweep continues where it stopped. It prints one table, a row per case, and
-exits 1 if any case failed. `tests/kernels/test_compile.py` runs a small
+sweep continues where it stopped (`--cached_only`: the tables of what is
+in the cache, compiling nothing). It prints a summary per target and a
+table, a row per case, and exits 1 if any case failed; `--doc` puts the
+summary into docs/scaling.md. `tests/kernels/test_compile.py` runs a small
 matrix of it on v5e and the H200.
 """
 
@@ -54,6 +60,8 @@ VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 BATCH = 2
 HEADS = 4
+DOC_START = '<!-- kernel-matrix:start -->'
+DOC_END = '<!-- kernel-matrix:end -->'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +285,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--cache', default=None,
                  help='JSON of finished cases: a rerun continues from it')
   p.add_argument('--out', default=None, help='also write the table here')
+  p.add_argument('--doc', default=None,
+                 help='also put the summary between the markers '
+                      f'{DOC_START} and {DOC_END} of this file '
+                      '(docs/scaling.md)')
   p.add_argument('--cached_only', action='store_true',
                  help='compile nothing: the tables of the cases already in '
                       '--cache (a sweep still under way)')
@@ -333,7 +345,17 @@ def main(argv: Sequence[str]) -> int:
     records = [done[c.key] for c in cases if c.key in done]
   else:
     records = run(cases, args.jobs, args.cache, progress)
-  command = ' '.join(a for a in argv[1:] if a != '--cached_only')
+  shown, skip = [], False
+  for arg in argv[1:]:  # The command as typed, less its housekeeping.
+    if skip or arg == '--cached_only':
+      skip = False
+      continue
+    if arg in ('--jobs', '--doc'):
+      skip = True
+      continue
+    if not arg.startswith(('--jobs=', '--doc=')):
+      shown.append(arg)
+  command = ' '.join(shown)
   left = len(cases) - len(records)
   text = (f'`python -m lra_msmra_tools.kernels {command}` '
           f'({time.strftime("%Y-%m-%d")}, {compile_lib.versions()}): forward and gradients of one layer, '
@@ -343,6 +365,17 @@ def main(argv: Sequence[str]) -> int:
              if left else '') + '.\n\n'
           + summary(records) + '\n\n' + markdown(records))
   print(text)
+  if args.doc:
+    with open(args.doc, encoding='utf-8') as f:
+      doc = f.read()
+    if DOC_START not in doc or DOC_END not in doc:
+      raise SystemExit(f'error: {args.doc} has no {DOC_START} ... {DOC_END} '
+                       'markers to replace.')
+    head, rest = doc.split(DOC_START, 1)
+    tail = rest.split(DOC_END, 1)[1]
+    with open(args.doc, 'w', encoding='utf-8') as f:
+      f.write(f'{head}{DOC_START}\n{text.split(chr(10) * 2)[0]}\n\n'
+              f'{summary(records)}\n{DOC_END}{tail}')
   if args.out:
     with open(args.out, 'w') as f:
       f.write(text + '\n')
