@@ -246,9 +246,32 @@ def read_tsv(path: str, max_length: int = 2000
         'Point config.data_dir at the `listops-1000` folder of the LRA '
         'release, or at the folder `python -m lra_msmra.data.prepare` '
         'wrote; see the README for how to get the data.')
-  ids, labels = [], []
   opener = gzip.open if path.endswith('.gz') else open
-  with opener(path, 'rt', newline='') as f:
+  try:
+    return _read_rows(path, opener, max_length)
+  except UnicodeDecodeError as e:
+    raise ValueError(_not_utf8(path, opener, e)) from None
+
+
+def _not_utf8(path: str, opener: Any, error: UnicodeDecodeError) -> str:
+  """The message for a file that is not UTF-8: its first bad line."""
+  with opener(path, 'rb') as f:
+    for line_no, line in enumerate(f, start=1):
+      try:
+        line.decode('utf-8')
+      except UnicodeDecodeError as e:
+        return (f'{path}:{line_no}: byte 0x{line[e.start]:02x} at column '
+                f'{e.start + 1} is not UTF-8 text. ListOps files are ASCII: '
+                'copy the file again from the LRA release, or regenerate it '
+                'with `python -m lra_msmra.data.prepare --generate_listops`.')
+  return f'{path}: not UTF-8 text ({error}).'
+
+
+def _read_rows(path: str, opener: Any, max_length: int
+               ) -> tuple[list[np.ndarray], np.ndarray]:
+  """`read_tsv`'s parsing and checks; decoding errors propagate."""
+  ids, labels = [], []
+  with opener(path, 'rt', encoding='utf-8', newline='') as f:
     reader = csv.reader(f, delimiter='\t')
     header = next(reader, None)
     if header != HEADER:

@@ -170,6 +170,20 @@ def test_reader_errors_name_file_and_line(tmp_path, content, match):
     listops.read_tsv(_write(tmp_path, content))
 
 
+@pytest.mark.parametrize('gz', [False, True])
+def test_bytes_that_are_not_utf8_name_file_line_and_byte(tmp_path, gz):
+  good = '( ( [MAX 1 ) 2 ) ]\t3\r\n'
+  data = (('Source\tTarget\r\n' + good * 3).encode() +
+          b'( [MAX \xff ]\t1\r\n')
+  path = tmp_path / ('basic_train.tsv.gz' if gz else 'basic_train.tsv')
+  path.write_bytes(gzip.compress(data) if gz else data)
+  with pytest.raises(ValueError) as err:
+    listops.read_tsv(str(path))
+  message = str(err.value)
+  assert message.startswith(f'{path}:5: byte 0xff at column 8 is not UTF-8')
+  assert 'lra_msmra.data.prepare' in message
+
+
 def test_missing_file_says_how_to_get_data(tmp_path):
   with pytest.raises(FileNotFoundError, match='README'):
     listops.read_tsv(str(tmp_path / 'basic_test.tsv'))
