@@ -4,7 +4,8 @@ A closed stdout (e.g. `main ... | head`) is not an error here: the first
 print that meets it marks stdout closed (`stdout_closed`), points the file
 descriptor at /dev/null so that nothing else fails on it, and sends the
 trainer's later messages (`log`) to stderr; the trainer then saves and
-stops as on SIGTERM.
+stops as on SIGTERM. A closed stderr too (`main ... 2>&1 | head`) is
+pointed at /dev/null the same way: the run still saves and exits with 141.
 
 Why not CLU's `periodic_actions.ReportProgress` and `metric_writers` (the
 flax examples' choice): ReportProgress's steps/s is the wall time between
@@ -51,20 +52,22 @@ def stdout_closed() -> bool:
 
 
 def _emit(text: str, stream: Any) -> None:
-  """Prints a line; a broken stdout marks it closed instead of raising."""
+  """Prints a line; a broken stdout marks it closed instead of raising, and
+  a broken stderr (`main ... 2>&1 | head`) drops the line."""
   global _stdout_closed
   if stream is sys.stdout and _stdout_closed:
     return
   try:
     print(text, file=stream, flush=True)
   except BrokenPipeError:
-    if stream is not sys.stdout:
+    if stream is sys.stdout:
+      _stdout_closed = True
+    elif stream is not sys.stderr:
       raise
-    _stdout_closed = True
-    # What is left in the buffer, and Python's own flush at exit, go to
-    # /dev/null instead of failing again.
+    # What is left in the buffer, later messages and Python's own flush at
+    # exit go to /dev/null instead of failing again.
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, stream.fileno())
     os.close(devnull)
 
 

@@ -136,3 +136,26 @@ def test_a_closed_stdout_saves_and_stops_like_sigterm(tmp_path):
   assert 'Traceback' not in err and 'BrokenPipeError' not in err, err
   assert not os.path.exists(tmp_path / 'results.json')
   assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
+
+
+def test_closed_stdout_and_stderr_still_save_and_exit_141(tmp_path):
+  """`main ... 2>&1 | head`: both streams close while the run trains."""
+  proc = subprocess.Popen(
+      _command(tmp_path, '--config.num_train_steps=1000',
+               '--config.log_every_steps=1', '--config.eval_every_steps=1000',
+               '--config.checkpoint_every_steps=1000'),
+      cwd=helpers.ROOT, env=_env(), stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  try:
+    for line in proc.stdout:
+      if line.startswith('Compiled the training step'):
+        break
+    proc.stdout.close()  # As `head` exits after its lines.
+    proc.wait(timeout=240)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGPIPE
+  [saved] = os.listdir(tmp_path / 'checkpoints')
+  assert 0 < int(saved) < 1000
+  assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
