@@ -155,7 +155,7 @@ class Writer:
 
 
 class Progress:
-  """Prints `step, loss, accuracy, steps/s, model TFLOP/s, ETA` lines.
+  """Prints `step, loss, accuracy, steps/s, model FLOP/s, ETA` lines.
 
   Steps per second are steady-state figures: the first step of a process
   (which waits for the compilation of the training step) and the time spent
@@ -163,9 +163,13 @@ class Progress:
   steady-state rate since compilation, plus the remaining evaluations at
   their measured speed (`eval_seconds_left` of `update`); until an
   evaluation has been timed the ETA covers training only and says `+ eval`.
+  The first line with an ETA comes after a line that says so (`ETA_NOTE`).
+  A line before any timed step says when steps/s and the ETA come instead
+  of giving them; the last step's line has no ETA.
 
   With `flops_per_step` (the model's matmul FLOPs of one training step over
-  all devices), lines also give model TFLOP/s per device, and with
+  all devices), lines also give model FLOP/s per device (with an SI prefix:
+  12.2 GFLOP/s/device), and with
   `peak_flops_per_s` (one device's peak, `lra_msmra.hardware`) the model
   FLOPs utilisation (MFU).
 
@@ -192,6 +196,7 @@ class Progress:
     self._last_s = start_step
     self._last_excluded = 0.0
     self._regular = False  # Whether `update` printed a line yet.
+    self._eta_noted = False  # Whether ETA_NOTE was printed.
     self._printed_t = time.time()
 
   def compiled(self, step: int) -> None:
@@ -274,24 +279,39 @@ class Progress:
     for k in ('loss', 'accuracy'):
       if k in scalars:
         parts.append(f'{k} {scalars[k]:.4f}')
-    parts.append(f'{rate:.2f} steps/s' if rate is not None else '? steps/s')
+    if rate is not None:
+      parts.append(f'{rate:.2f} steps/s')
     speed = self.throughput(rate)
     if speed:
-      text = f'{format_tflops(speed["tflops_per_device"])} TFLOP/s/device'
+      flops = 1e12 * speed['tflops_per_device']
+      text = f'{format_flops(flops)}/device'
       if 'mfu' in speed:
         text += f', MFU {100 * speed["mfu"]:.1f}%'
       parts.append(text)
     left = max(self.total - step, 0)
+    note = None
     if left and steady is None:
-      eta = 'ETA ?'
-    else:
-      seconds = (left / steady if left else 0.0) + (eval_seconds_left or 0.0)
+      if rate is None:
+        parts.append('steps/s and ETA from the next line')
+    elif left:
+      seconds = left / steady + (eval_seconds_left or 0.0)
       eta = f'ETA {format_seconds(seconds)}'
       if eval_seconds_left is None:
         eta += ' + eval'
-    parts.append(eta)
+      parts.append(eta)
+      if not self._eta_noted:
+        self._eta_noted = True
+        note = ETA_NOTE
     if is_chief():
+      if note:
+        _emit(note, self.stream)
       _emit(' | '.join(parts), self.stream)
+
+
+# Printed once, before the first progress line with an ETA.
+ETA_NOTE = ('ETA: the training steps left at the steady steps/s, plus the '
+            'evaluations left at their measured speed; "+ eval" means no '
+            'evaluation was timed yet, so they are not included.')
 
 
 # Evaluations print their progress at most this often (seconds).
@@ -330,6 +350,16 @@ class EvalProgress:
             float('inf'))
     log(f'  {self.label}: {done}/{self.total} batches, '
         f'{format_seconds(elapsed)} elapsed, ~{format_seconds(left)} left')
+
+
+def format_flops(value: float) -> str:
+  """FLOP/s with an SI prefix and three significant digits (12.2 GFLOP/s,
+  412 TFLOP/s, 35.5 kFLOP/s)."""
+  for scale, prefix in ((1e18, 'E'), (1e15, 'P'), (1e12, 'T'), (1e9, 'G'),
+                        (1e6, 'M'), (1e3, 'k')):
+    if value >= scale:
+      return f'{format_tflops(value / scale)} {prefix}FLOP/s'
+  return f'{format_tflops(value)} FLOP/s'
 
 
 def format_tflops(value: float) -> str:

@@ -30,30 +30,35 @@ def test_eta_leaves_out_compilation_and_evaluations(clock):
   progress.compiled(1)
   clock.now += 9.0  # Steps 2..10 at 1 step/s.
   assert progress.update(10, {'loss': 1.0}) == pytest.approx(1.0)
-  # 90 steps at 1 step/s; no evaluation timed yet.
-  assert out.getvalue().splitlines()[-1].endswith('ETA 1:30 + eval')
+  # 90 steps at 1 step/s; no evaluation timed yet. The ETA's parts are
+  # explained once, before its first line.
+  assert out.getvalue().splitlines() == [
+      metrics.ETA_NOTE, 'step 10/100 | loss 1.0000 | 1.00 steps/s | '
+      'ETA 1:30 + eval']
+  assert '"+ eval"' in metrics.ETA_NOTE
   clock.now += 300.0  # A slow evaluation ...
   progress.exclude(300.0)
   clock.now += 10.0  # ... then steps 11..20 at 1 step/s.
   # The evaluations left (measured speed) are added to the ETA.
   assert progress.update(20, {}, eval_seconds_left=40.0) == pytest.approx(1.0)
-  assert out.getvalue().splitlines()[-1] == (
-      'step 20/100 | 1.00 steps/s | ETA 2:00')
+  assert out.getvalue().splitlines()[2:] == [
+      'step 20/100 | 1.00 steps/s | ETA 2:00']
   assert progress.steps_per_sec(20) == pytest.approx(1.0)
 
 
-def test_no_rate_before_a_steady_step(clock):
+def test_no_rate_before_a_steady_step_and_no_eta_on_the_last(clock):
   out = io.StringIO()
   progress = metrics.Progress(total_steps=5, start_step=3, stream=out)
   clock.now += 100.0
   progress.compiled(4)
   assert progress.update(4, {}) is None
-  assert out.getvalue().strip() == 'step 4/5 | ? steps/s | ETA ?'
+  assert out.getvalue().strip() == (
+      'step 4/5 | steps/s and ETA from the next line')
   assert progress.steps_per_sec(4) is None
   clock.now += 2.0
   progress.update(5, {}, eval_seconds_left=65.0)
-  assert out.getvalue().splitlines()[-1] == (
-      'step 5/5 | 0.50 steps/s | ETA 1:05')
+  assert out.getvalue().splitlines()[-1] == 'step 5/5 | 0.50 steps/s'
+  assert metrics.ETA_NOTE not in out.getvalue()
 
 
 def test_evaluation_progress_is_throttled(clock, capsys):
@@ -101,7 +106,7 @@ def test_early_lines_come_before_the_first_regular_one(clock):
   assert progress.early_due(1)
   progress.note(1, {'loss': 2.5})
   assert out.getvalue().splitlines()[-1] == (
-      'step 1/100 | loss 2.5000 | ? steps/s | ETA ?')
+      'step 1/100 | loss 2.5000 | steps/s and ETA from the next line')
   clock.now += 1.0
   assert not progress.early_due(2)
   clock.now += metrics.EARLY_LINE_SECONDS  # A slow step: a line anyway.
@@ -146,4 +151,11 @@ def test_progress_line_gives_model_tflops_and_mfu(clock):
   progress.peak_flops_per_s = None
   assert progress.throughput(2.0) == {'tflops_per_device': 2.0}
   assert progress.throughput(None) == {}
+  # A CPU's rate gets its own prefix, not a fraction of a TFLOP/s.
+  progress.flops_per_step, progress.peak_flops_per_s = 2.44e10, None
+  clock.now += 10.0
+  progress.update(20, {})
+  assert '| 12.2 GFLOP/s/device |' in out.getvalue().splitlines()[-1]
   assert metrics.format_tflops(3.55e-5) == '0.0000355'
+  assert [metrics.format_flops(v) for v in (412e12, 1.2e15, 35.5e3, 7.0)] == [
+      '412 TFLOP/s', '1.20 PFLOP/s', '35.5 kFLOP/s', '7.00 FLOP/s']
