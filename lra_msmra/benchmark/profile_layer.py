@@ -108,7 +108,14 @@ def instructions(hlo_text: str) -> dict[str, dict[str, str]]:
 
 def profile(payload: Mapping[str, Any], *, calls: int,
             trace_dir: Optional[str] = None) -> dict[str, Any]:
-  """Times and traces one point (`attention_bench.jax_point`'s payload)."""
+  """Times and traces one point (`attention_bench.jax_point`'s payload).
+
+  The trace goes to `trace_dir`, or to a temporary folder removed before
+  returning (a trace takes tens of MB).
+  """
+  if trace_dir is None:
+    with tempfile.TemporaryDirectory(prefix='profile_layer_') as tmp:
+      return profile(payload, calls=calls, trace_dir=tmp)
   fn, args = attention_bench.jax_point(payload)
   compiled = jax.jit(fn).lower(*args).compile()
   jax.block_until_ready(compiled(*args))
@@ -121,7 +128,6 @@ def profile(payload: Mapping[str, Any], *, calls: int,
             'backend': jax.default_backend(), 'ops': None, 'kinds': None}
   if jax.default_backend() != 'cpu':
     return result
-  trace_dir = trace_dir or tempfile.mkdtemp(prefix='profile_layer_')
   jax.profiler.start_trace(trace_dir)
   for _ in range(calls):
     jax.block_until_ready(compiled(*args))

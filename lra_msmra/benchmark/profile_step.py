@@ -152,6 +152,12 @@ def _trace_parts(trace_dir: str, sources: Mapping[str, str], steps: int
 
 def profile(config, *, steps: int, batch_size: Optional[int], seed: int = 0,
             trace_dir: Optional[str] = None) -> dict[str, Any]:
+  """Times and traces `steps` training steps of `config`; the trace goes to
+  `trace_dir`, or to a temporary folder removed before returning."""
+  if trace_dir is None:
+    with tempfile.TemporaryDirectory(prefix='profile_step_') as tmp:
+      return profile(config, steps=steps, batch_size=batch_size, seed=seed,
+                     trace_dir=tmp)
   spec = data_lib.get_model_spec(config)
   model, tx, schedule = steps_lib.build(config, spec)
   batch_size = batch_size or config.batch_size
@@ -178,7 +184,6 @@ def profile(config, *, steps: int, batch_size: Optional[int], seed: int = 0,
             'backend': jax.default_backend(), 'parts': None}
   if jax.default_backend() != 'cpu':
     return result
-  trace_dir = trace_dir or tempfile.mkdtemp(prefix='profile_step_')
   sources = _op_sources(step.lower(state, batch).compile().as_text())
   jax.profiler.start_trace(trace_dir)
   for _ in range(2):

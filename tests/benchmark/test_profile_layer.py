@@ -1,6 +1,8 @@
 """The layer profile times one attention point and splits it by operation."""
 
 import json
+import os
+import tempfile
 
 import pytest
 
@@ -96,7 +98,10 @@ def test_profile_of_a_small_layer(mode, tmp_path):
   assert len(op_rows) == 3
 
 
-def test_command_line_writes_its_report(tmp_path, capsys):
+def test_command_line_writes_its_report(tmp_path, capsys, monkeypatch):
+  system_temp = tmp_path / 'temp'
+  system_temp.mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(system_temp))
   assert profile_layer.main([
       '--mechanism', 'long_short:window_size=4,num_landmarks=4',
       '--length', '16', '--batch', '1', '--features', '8', '--heads', '2',
@@ -106,6 +111,8 @@ def test_command_line_writes_its_report(tmp_path, capsys):
   assert report['payload']['kw'] == {'window_size': 4, 'num_landmarks': 4}
   assert report['command'].startswith(
       'python -m lra_msmra.benchmark.profile_layer --mechanism long_short')
+  # The trace (tens of MB at full size) is not left in the temp folder.
+  assert not os.listdir(system_temp)
 
 
 @pytest.mark.parametrize('args, message', [

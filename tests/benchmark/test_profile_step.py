@@ -1,13 +1,18 @@
 """The training-step profile runs the trainer's step and splits its time."""
 
+import os
+import tempfile
+
 from lra_msmra.benchmark import profile_step
 from tests import helpers
 
 
-def test_profile_of_a_tiny_step_names_the_parts(tmp_path):
+def test_profile_of_a_tiny_step_names_the_parts(tmp_path, monkeypatch):
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
   config = helpers.tiny_listops_config()
-  result = profile_step.profile(config, steps=2, batch_size=8,
-                                trace_dir=str(tmp_path))
+  result = profile_step.profile(config, steps=2, batch_size=8)
+  # The trace went to a temporary folder, removed afterwards.
+  assert not os.listdir(tmp_path)
   assert result['step_seconds'] > 0 and len(result['step_seconds_all']) == 2
   parts = result['parts']
   names = {name for name, _ in profile_step.PARTS} | {'other'}
