@@ -7,6 +7,7 @@ fresh Jupyter kernel (nbclient), as a user would run it.
 
 import json
 import os
+import re
 
 import pytest
 
@@ -63,3 +64,21 @@ def test_notebook_loads_evaluates_and_plots(tmp_path):
   # The committed notebook carries no outputs.
   committed = json.load(open(NOTEBOOK))
   assert all(not c.get('outputs') for c in committed['cells'])
+
+
+def test_notebook_and_readme_suggest_the_same_run_and_write_outside_the_clone():
+  nb = json.load(open(NOTEBOOK))
+  intro = ''.join(nb['cells'][0]['source'])
+  check = ''.join(nb['cells'][1]['source'])
+  default = re.search(r"'LRA_WORKDIR', '([^']+)'", check).group(1)
+  [suggested] = re.findall(r'--config (\S+) --workdir (\S+)', intro)
+  assert suggested == re.search(r"--config (\S+) --workdir (\S+)\\n",
+                                check).groups()
+  assert suggested[1] == default
+  assert f'LRA_WORKDIR={default} jupyter execute' in intro
+  # The README's headless command keeps the executed copy out of the clone
+  # (nbclient writes a relative --output next to the notebook).
+  readme = open(os.path.join(helpers.ROOT, 'README.md')).read()
+  outputs = re.findall(r'jupyter execute notebooks/load_checkpoint.ipynb'
+                       r'\s*\\?\s*--output=(\S+)', readme)
+  assert outputs and all(os.path.isabs(o) for o in outputs)
