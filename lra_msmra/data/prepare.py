@@ -347,9 +347,32 @@ def _print_report(report: dict[str, Any], out: str) -> None:
           f'{details["workers"]} worker(s)')
   for name, splits in report.get('tfds', {}).items():
     print(f'{name}: ' + ', '.join(f'{s} {n}' for s, n in splits.items()))
-  print(f'\nWrote {os.path.join(out, MANIFEST)}. Use '
-        f'--config.data_dir={out} (ListOps: '
-        f'--config.data_dir={os.path.join(out, LISTOPS)}).')
+  tasks = prepared_tasks(report)
+  if not tasks:
+    print(f'\nWrote {os.path.join(out, MANIFEST)}; no task\'s data is '
+          'complete.')
+    return
+  hint = f'--config.data_dir={out}'
+  if 'listops' in tasks:
+    hint += f' (ListOps: --config.data_dir={os.path.join(out, LISTOPS)})'
+  print(f'\nWrote {os.path.join(out, MANIFEST)}. Use {hint} with the '
+        'configs in ' + ', '.join(f'configs/{t}/' for t in tasks) + '.')
+
+
+def prepared_tasks(report: dict[str, Any]) -> list[str]:
+  """The tasks (config folders) whose data `report` says was prepared."""
+  folder_task = {folder: task for task, folder in TASK_FOLDERS.items()}
+  found = {folder_task.get(name) for name, entry in
+           report.get('release', {}).get('folders', {}).items()
+           if entry['complete']}
+  found |= {{'imdb_reviews': 'text', 'cifar10': 'image'}.get(name)
+            for name in report.get('tfds', {})}
+  if report.get('listops_generated'):
+    found.add('listops')
+  found |= {folder_task.get(name.split('/')[0])
+            for name in report.get('pathfinder_generated', {})}
+  order = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
+  return [t for t in order if t in found]
 
 
 def generate_listops(out: str, seed: int, **settings: int) -> dict[str, Any]:

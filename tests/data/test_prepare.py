@@ -207,6 +207,9 @@ def test_generate_listops_writes_a_stamped_folder(tmp_path, capsys,
                        '--out', out]) == 0
   printed = capsys.readouterr().out
   assert 'listops-1000: generated (seed 3)' in printed
+  assert printed.splitlines()[-1].endswith(
+      f'(ListOps: --config.data_dir={out}/listops-1000) with the configs in '
+      'configs/listops/.')
   manifest = json.load(open(os.path.join(out, 'prepared.json')))
   assert manifest['listops_generated']['settings']['seed'] == 3
   config = task_config('listops', data_dir=out)
@@ -219,6 +222,27 @@ def test_generate_listops_writes_a_stamped_folder(tmp_path, capsys,
   _task_folders(release)
   assert prepare.main(['--generate_listops', '--out', release]) == 1
   assert 'already holds release data' in capsys.readouterr().err
+
+
+def test_the_closing_hint_names_the_tasks_prepared(capsys):
+  stamp = {'spec': {'seed': 0, 'num_examples': 4},
+           'details': {'labels': {'0': 2, '1': 2}, 'generation_seconds': 1.0,
+                       'workers': 1}}
+  report = {'pathfinder_generated': {'pathfinder32/curv_baseline': stamp,
+                                     'pathfinder128/curv_contour_length_14':
+                                     stamp}}
+  prepare._print_report(report, '/data/out')  # pylint: disable=protected-access
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert last == ('Wrote /data/out/prepared.json. Use '
+                  '--config.data_dir=/data/out with the configs in '
+                  'configs/pathfinder/, configs/pathx/.')
+  tasks = prepare.prepared_tasks(
+      {'tfds': {'imdb_reviews': {}, 'cifar10': {}},
+       'release': {'folders': {'tsv_data': {'complete': True},
+                               'pathfinder32': {'complete': False}}}})
+  assert tasks == ['text', 'retrieval', 'image']
+  prepare._print_report({}, '/data/out')  # pylint: disable=protected-access
+  assert "no task's data is complete" in capsys.readouterr().out
 
 
 def test_undecodable_pngs_are_named(tmp_path, capsys, monkeypatch):
