@@ -659,6 +659,7 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
 # ------------------------------------------------------------------- curves
 
 METRICS_FILE = 'metrics.jsonl'
+# In the order of a 2 × 2 block: loss above accuracy, training on the left.
 CURVE_PANELS = (('train/loss', 'training loss'), ('val/loss', 'validation loss'),
                 ('train/accuracy', 'training accuracy'),
                 ('val/accuracy', 'validation accuracy'))
@@ -747,11 +748,13 @@ def curves_chart(run_dirs: Sequence[str],
                  runs_by_dir: Mapping[str, Mapping[str, Any]],
                  path: str) -> list[dict[str, Any]]:
   """Loss and accuracy (training and validation) against step, one line per
-  run, one figure row per protocol/task; returns what each line shows.
+  run, a 2 × 2 block of panels per protocol/task (loss above accuracy,
+  training left of validation); returns what each line shows. Accuracy is
+  in %, as in the tables.
 
   Every run is told apart: colour by mechanism (`reporting.line_styles`),
-  line style by seed (`SEED_STYLES`), unfinished runs fainter; each row's
-  legend stands outside its axes, to the right.
+  line style by seed (`SEED_STYLES`), unfinished runs fainter; each
+  block's legend stands outside its axes, to the right of its top row.
   """
   series = []
   for run_dir in run_dirs:
@@ -776,20 +779,23 @@ def curves_chart(run_dirs: Sequence[str],
   seeds = sorted({s['seed'] for s in series}, key=_seed_key)
   dashes = {seed: SEED_STYLES[i % len(SEED_STYLES)]
             for i, seed in enumerate(seeds)}
-  fig, axes = plt.subplots(len(groups), len(CURVE_PANELS),
-                           figsize=(4.2 * len(CURVE_PANELS),
-                                    3.4 * len(groups)), squeeze=False)
+  fig, axes = plt.subplots(2 * len(groups), 2,
+                           figsize=(2 * 4.2, 2 * 3.0 * len(groups)),
+                           squeeze=False)
   for row, group in enumerate(groups):
     members = sorted((x for x in series if x['group'] == group),
                      key=lambda x: (x['mechanism'], _seed_key(x['seed']),
                                     x['label']))
-    for col, (key, title) in enumerate(CURVE_PANELS):
-      ax = axes[row][col]
+    block = {key: axes[2 * row + i // 2][i % 2]
+             for i, (key, _) in enumerate(CURVE_PANELS)}
+    for key, title in CURVE_PANELS:
+      ax = block[key]
+      scale = 100.0 if key.endswith('accuracy') else 1.0
       for s in members:
         points = s['lines'][key]
         if points:
           look = looks[s['mechanism']]
-          ax.plot([p[0] for p in points], [p[1] for p in points],
+          ax.plot([p[0] for p in points], [scale * p[1] for p in points],
                   label=s['label'], color=look['color'],
                   marker=look['marker'], markersize=3,
                   markevery=max(1, len(points) // 8),
@@ -798,14 +804,15 @@ def curves_chart(run_dirs: Sequence[str],
                   alpha=1.0 if s['finished'] else 0.5)
       ax.set_title(f'{group}: {title}', fontsize=8)
       ax.set_xlabel('step', fontsize=8)
+      ax.set_ylabel('accuracy (%)' if scale != 1.0 else 'loss', fontsize=8)
       ax.grid(True, alpha=0.3)
       ax.tick_params(labelsize=7)
-    handles, labels = axes[row][-1].get_legend_handles_labels()
-    if not handles:  # No validation yet: the first panel's lines.
-      handles, labels = axes[row][0].get_legend_handles_labels()
-    if not handles:  # Nothing logged yet in this row.
+    handles, labels = block['val/loss'].get_legend_handles_labels()
+    if not handles:  # No validation yet: the training lines.
+      handles, labels = block['train/loss'].get_legend_handles_labels()
+    if not handles:  # Nothing logged yet in this block.
       continue
-    axes[row][-1].legend(
+    block['val/loss'].legend(
         handles, labels, loc='upper left', bbox_to_anchor=(1.02, 1.0),
         borderaxespad=0.0, fontsize=7, handlelength=3.0,
         ncol=1 + (len(handles) - 1) // 24,

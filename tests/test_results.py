@@ -427,13 +427,22 @@ def test_curves_tell_every_run_apart(tmp_path, monkeypatch):
     assert len(set().union(*colours.values())) == 11
     assert [len(s) for s in styles.values()] == [1, 1]
     assert styles['seed0'] != styles['seed1']
-  last = fig.axes[-1]
+  [last] = [ax for ax in fig.axes if ax.get_legend() is not None]
   legend = last.get_legend()
   assert len(legend.get_texts()) == 22
   renderer = fig.canvas.get_renderer()
   assert (legend.get_window_extent(renderer).x0 >=
-          last.get_window_extent(renderer).x1)
-  assert all(ax.get_legend() is None for ax in fig.axes[:-1])
+          max(ax.get_window_extent(renderer).x1 for ax in fig.axes))
+  # Four panels in a 2 × 2 block, not a strip; every y axis says what it
+  # shows, and accuracy is in %, as in the tables.
+  width, height = fig.get_size_inches()
+  assert len(fig.axes) == 4 and width / height < 2
+  assert sorted(ax.get_ylabel() for ax in fig.axes) == [
+      'accuracy (%)', 'accuracy (%)', 'loss', 'loss']
+  accuracy = [ax for ax in fig.axes if ax.get_title().endswith(
+      'training accuracy')][0]
+  assert max(max(line.get_ydata()) for line in accuracy.get_lines()) == (
+      pytest.approx(150.0))
   plt.close(fig)
 
 
