@@ -632,8 +632,10 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
     text = f'{p["label"]} [{p["protocol"]}]{mark}'
     if p['memory_bytes']:
       text += f'\n{reporting.fmt_bytes(p["memory_bytes"])}'
+    # Above its bubble (size is an area in points²), not through it.
     ax.annotate(text, (p['relative_speed'], p['average']), fontsize=7,
-                ha='center', va='center')
+                xytext=(0, math.sqrt(size / math.pi) + 2),
+                textcoords='offset points', ha='center', va='bottom')
   ax.set_xlabel('speed relative to softmax (×)')
   ax.set_ylabel('LRA average accuracy (%)')
   ax.set_title('LRA average vs speed; circle area = peak memory\n' + caption,
@@ -643,7 +645,8 @@ def bubble_chart(rows: Sequence[Mapping[str, Any]], path: str,
     xs = [p['relative_speed'] for p in points]
     ys = [p['average'] for p in points]
     ax.set_xlim(0, max(xs) * 1.25)
-    ax.set_ylim(min(ys) - 3, max(ys) + 3)
+    # Room above the highest bubble for its label.
+    ax.set_ylim(min(ys) - 3, max(ys) + 3 + 0.15 * (max(ys) - min(ys) + 6))
   else:
     ax.text(0.5, 0.5, 'No point to draw: no run has a speed comparable with '
             'a softmax run\n(the same protocol and tasks, and a device '

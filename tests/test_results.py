@@ -1,6 +1,7 @@
 """Results table, published numbers and the suite launcher (no training)."""
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -138,6 +139,34 @@ def test_bubble_speed_from_runs_without_benchmark(runs_dir, tmp_path):
   assert speed['combiner_fixed'] == pytest.approx(2.0)
   assert speed['transformer'] == pytest.approx(1.0)
   assert 'adamra' not in speed  # no softmax run under its protocol.
+
+
+def test_a_bubble_label_stands_above_its_bubble(tmp_path, monkeypatch):
+  row = {'mechanism': 'transformer', 'protocol': 'lra', 'attention': 'softmax',
+         'average': 33.8, 'average_tasks': 1}
+  bench = {'records': [{'status': 'ok', 'attention': 'softmax',
+                        'length': 1024, 'steps_per_s': 2.0,
+                        'net_peak_bytes': 3e8}],
+           'settings': {'task': 'listops', 'batch': 4}}
+  figures = []
+  plt = reporting.pyplot()
+  monkeypatch.setattr(plt, 'close', figures.append)
+  [point] = results.bubble_chart([row], str(tmp_path / 'b.png'), bench)
+  [fig] = figures
+  fig.canvas.draw()
+  renderer = fig.canvas.get_renderer()
+  [ax] = fig.axes
+  [bubble] = ax.collections
+  [label] = ax.texts
+  assert label.get_text().startswith('transformer [lra] (1/5 tasks)')
+  # The bubble's top: its centre plus its radius (sizes are areas in pt²).
+  _, centre_y = ax.transData.transform(bubble.get_offsets()[0])
+  radius = math.sqrt(bubble.get_sizes()[0] / math.pi) * fig.dpi / 72
+  label_box = label.get_window_extent(renderer)
+  assert label_box.y0 >= centre_y + radius  # Not through the bubble.
+  assert label_box.y1 <= ax.get_window_extent(renderer).y1  # Inside.
+  assert point['relative_speed'] == 1.0
+  plt.close(fig)
 
 
 def _set_devices(path, history=None, last=None):
