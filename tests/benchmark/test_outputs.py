@@ -88,3 +88,25 @@ def test_plot_panels_writes_a_png(tmp_path):
       {'label': 'a', 'points': [(1, 1.0), (2, None), (4, 3.0)],
        'color_key': 'a'}]}], 'x', 'a title')
   assert path.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+@pytest.mark.parametrize('memory', [(20.5, 24.0, 38.0), (3.0, 40.0, 900.0)])
+def test_axes_read_in_plain_numbers_with_several_labelled_ticks(figures,
+                                                                tmp_path,
+                                                                memory):
+  outputs.plot_panels(str(tmp_path / 'p.png'), [
+      {'title': 'memory', 'ylabel': 'MiB', 'series': [
+          {'label': 'a', 'points': list(zip((256, 512, 1024), memory)),
+           'color_key': 'a'}]}], 'sequence length', 'a title')
+  [fig] = figures
+  fig.canvas.draw()
+  [ax] = fig.axes
+  low, high = ax.get_ylim()
+  y_labels = [t.get_text() for t in ax.yaxis.get_ticklabels(which='both')
+              if t.get_text() and low <= t.get_position()[1] <= high]
+  x_labels = [t.get_text() for t in ax.xaxis.get_ticklabels(which='both')
+              if t.get_text()]
+  assert x_labels == ['256', '512', '1,024']
+  assert len(y_labels) >= 3, y_labels
+  for label in y_labels:
+    float(label.replace(',', ''))  # Plain numbers: no 2×10^1, no 2^8.
