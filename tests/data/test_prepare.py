@@ -182,7 +182,11 @@ def test_tfds_download_step_under_mock(tmp_path, capsys):
   assert code == 0
   with open(tmp_path / prepare.MANIFEST) as f:
     assert set(json.load(f)['tfds']) == {'imdb_reviews', 'cifar10'}
-  assert 'ListOps' in stdout
+  # The hint names what was prepared: no ListOps folder here.
+  assert 'ListOps' not in stdout
+  assert stdout.rstrip().endswith(
+      f'--config.data_dir={tmp_path} with the configs in configs/text/, '
+      'configs/image/.')
 
 
 def test_rerun_with_out_inside_the_release(tmp_path, capsys):
