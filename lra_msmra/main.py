@@ -13,9 +13,9 @@ SIGTERM or Ctrl-C saves a checkpoint at the current step and exits (status
 143 or 130) with a resume hint; a second Ctrl-C stops at once, without
 saving. A closed stdout (`... | head`) does the same as SIGTERM (status 141,
 the hint on stderr while stderr is open: `... 2>&1 | head` saves and exits
-with 141 silently). (With several processes only SIGTERM is coordinated; Ctrl-C stops
-the one process that gets it.) A workdir that another run is using is
-refused (`<workdir>/lock`).
+with 141 silently). (With several processes only SIGTERM is coordinated;
+Ctrl-C stops the one process that gets it.) A workdir that another run is
+using is refused (`<workdir>/lock`).
 
 Output: the progress lines and the trainer's own messages (its warnings
 included) on stdout; library warnings on stderr. The INFO logs of the libraries (orbax, JAX, absl,
