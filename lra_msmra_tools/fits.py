@@ -173,9 +173,7 @@ def main(fv, argv: Sequence[str]) -> int:
     for t in wanted:
       heading = dict(COLUMNS).get(t, targets.parse(t).label)
       columns.append((targets.parse(t).label, heading))
-    for t, _ in columns:
-      targets.parse(t).check_packages()
-  except (ValueError, targets.MissingPackage) as e:
+  except ValueError as e:
     return compile_lib.fail(str(e))
   rows = []
   for task in tasks:
@@ -210,6 +208,11 @@ def main(fv, argv: Sequence[str]) -> int:
       where.append((config, target, key))
   if fv.cached_only:
     jobs, where = [], []
+  try:  # Only the targets still to compile need their compiler.
+    for target in dict.fromkeys(job.target for job in jobs):
+      targets.parse(target).check_packages()
+  except targets.MissingPackage as e:
+    return compile_lib.fail(str(e))
   print(f'{len(cells) - len(jobs)} of {len(cells)} cells in {cache_path}; '
         f'compiling {len(jobs)} with {min(fv.jobs, max(1, len(jobs)))} '
         'workers.', file=sys.stderr, flush=True)
