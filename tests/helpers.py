@@ -1,5 +1,6 @@
 """Tiny configs shared by the trainer tests."""
 
+import importlib.util
 import os
 
 from lra_msmra import config_lib
@@ -18,6 +19,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # out (`user_env`).
 FAST_COMPILE_XLA_FLAGS = ('--xla_cpu_parallel_codegen_split_count=1 '
                           '--xla_cpu_use_fusion_emitters=false')
+
+
+# The optional compile packages (requirements-compile.txt): the compile
+# matrices of tests/kernels/test_compile.py and tests/tools skip without them.
+COMPILE_EXTRAS_MISSING = (importlib.util.find_spec('libtpu') is None
+                          or importlib.util.find_spec('jax_cuda12_plugin')
+                          is None)
+COMPILE_EXTRAS_REASON = ('the compile extras are not installed '
+                         '(pip install -r requirements-compile.txt)')
 
 
 def xla_flags(devices: int) -> str:

@@ -11,20 +11,18 @@ length that is a multiple of no tile (bfloat16, 1000 tokens, head dim
 dims to 128, both dtypes) is the command of docs/scaling.md.
 """
 
-import importlib.util
 
 import pytest
+
+from tests import helpers
 
 from lra_msmra_tools import kernels as kernel_matrix
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group('kernels-compile'),
-    pytest.mark.skipif(
-        importlib.util.find_spec('libtpu') is None
-        or importlib.util.find_spec('jax_cuda12_plugin') is None,
-        reason='the compile extras are not installed '
-               '(pip install -r requirements-compile.txt)'),
+    pytest.mark.skipif(helpers.COMPILE_EXTRAS_MISSING,
+                       reason=helpers.COMPILE_EXTRAS_REASON),
 ]
 
 SHAPES = ((100, 16, 'float32', 0.0), (1000, 64, 'bfloat16', 0.1))

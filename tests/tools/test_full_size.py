@@ -9,10 +9,11 @@ The whole table, every mechanism on five targets, is docs/scaling.md's
 "Where it fits".
 """
 
-import importlib.util
 import os
 
 import pytest
+
+from tests import helpers
 
 from lra_msmra import scaling
 from lra_msmra_tools import compile as compile_lib
@@ -21,11 +22,8 @@ from lra_msmra_tools import fits
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group('tools-full-size'),
-    pytest.mark.skipif(
-        importlib.util.find_spec('libtpu') is None
-        or importlib.util.find_spec('jax_cuda12_plugin') is None,
-        reason='the compile extras are not installed '
-               '(pip install -r requirements-compile.txt)'),
+    pytest.mark.skipif(helpers.COMPILE_EXTRAS_MISSING,
+                       reason=helpers.COMPILE_EXTRAS_REASON),
 ]
 
 TARGETS = ('v5e-4', 'h200:8')
