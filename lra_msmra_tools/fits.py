@@ -146,16 +146,18 @@ def section(rows: Sequence[str], columns: Sequence[tuple[str, str]],
   return '\n'.join(lines)
 
 
-def replace_in_doc(path: str, text: str) -> None:
-  """Puts `text` between the fits-table markers of the file `path`."""
+def replace_in_doc(path: str, text: str, start: str = START,
+                   end: str = END) -> None:
+  """Puts `text` between the markers `start` and `end` (the fits table's
+  by default) of the file `path`."""
   with open(path, encoding='utf-8') as f:
     doc = f.read()
-  if START not in doc or END not in doc:
-    raise SystemExit(f'{path}: no {START} ... {END} markers to replace.')
-  head, rest = doc.split(START, 1)
-  _, tail = rest.split(END, 1)
+  if start not in doc or end not in doc:
+    raise SystemExit(f'{path}: no {start} ... {end} markers to replace.')
+  head, rest = doc.split(start, 1)
+  _, tail = rest.split(end, 1)
   with open(path, 'w', encoding='utf-8') as f:
-    f.write(f'{head}{START}\n{text}\n{END}{tail}')
+    f.write(f'{head}{start}\n{text}\n{end}{tail}')
 
 
 def main(fv, argv: Sequence[str]) -> int:

@@ -43,6 +43,7 @@ import types
 from typing import Any, Optional, Sequence
 
 from lra_msmra_tools import compile as compile_lib
+from lra_msmra_tools import fits
 from lra_msmra_tools import targets as targets_lib
 
 # (label, registry name, knobs): every mechanism variant with a Pallas
@@ -366,16 +367,8 @@ def main(argv: Sequence[str]) -> int:
           + summary(records) + '\n\n' + markdown(records))
   print(text)
   if args.doc:
-    with open(args.doc, encoding='utf-8') as f:
-      doc = f.read()
-    if DOC_START not in doc or DOC_END not in doc:
-      raise SystemExit(f'error: {args.doc} has no {DOC_START} ... {DOC_END} '
-                       'markers to replace.')
-    head, rest = doc.split(DOC_START, 1)
-    tail = rest.split(DOC_END, 1)[1]
-    with open(args.doc, 'w', encoding='utf-8') as f:
-      f.write(f'{head}{DOC_START}\n{text.split(chr(10) * 2)[0]}\n\n'
-              f'{summary(records)}\n{DOC_END}{tail}')
+    fits.replace_in_doc(args.doc, f'{text.split(chr(10) * 2)[0]}\n\n'
+                        f'{summary(records)}', DOC_START, DOC_END)
   if args.out:
     with open(args.out, 'w') as f:
       f.write(text + '\n')
