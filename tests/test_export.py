@@ -150,6 +150,8 @@ def test_every_task_and_mechanism_is_covered():
   assert names == set(attention.REGISTRY)
 
 
+# The export matrix: under the `slow` marker (pytest.ini).
+@pytest.mark.slow
 @pytest.mark.parametrize('path', CONFIGS, ids=NAMES)
 def test_train_and_eval_steps_lower_for_tpu_and_gpu(path, jobs):
   failures = jobs[path].result()

@@ -23,7 +23,8 @@ from tests import helpers
 
 # One test worker runs this file, so its module-scoped fixture is built
 # once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).
-pytestmark = pytest.mark.xdist_group('processes')
+# Whole runs in processes: under the `slow` marker (pytest.ini).
+pytestmark = [pytest.mark.xdist_group('processes'), pytest.mark.slow]
 
 CONFIG = 'tests/configs/tiny_listops.py'
 

@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from lra_msmra.data import listops
 from tests import helpers
 
@@ -23,6 +25,8 @@ def _losses(workdir):
   return [(r['step'], r['train/loss']) for r in records if 'train/loss' in r]
 
 
+# A whole run in a process: under the `slow` marker (pytest.ini).
+@pytest.mark.slow
 def test_first_steps_of_xiong_listops_are_bit_identical(tmp_path):
   data = tmp_path / 'listops'
   listops.generate_dataset(str(data), num_train=96, num_valid=32,

@@ -60,6 +60,8 @@ def generated_data(tmp_path_factory):
   return tmp_path_factory.mktemp('runlocal_data')
 
 
+# Whole runs in processes: under the `slow` marker (pytest.ini).
+@pytest.mark.slow
 @pytest.mark.parametrize('path', CONFIGS)
 def test_runlocal_beats_majority_class(path, tmp_path, generated_data):
   # The job generates its data into <workdir>/data.

@@ -20,6 +20,7 @@ from lra_msmra_tools import kernels as kernel_matrix
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.extras,
     pytest.mark.xdist_group('kernels-compile'),
     pytest.mark.skipif(helpers.COMPILE_EXTRAS_MISSING,
                        reason=helpers.COMPILE_EXTRAS_REASON),

@@ -47,12 +47,21 @@ def _installed(target):
 
 HAS_LIBTPU = _installed('v5e-4')
 HAS_CUDA = _installed('h100')
-NEEDS_TPU = pytest.mark.skipif(
-    not HAS_LIBTPU, reason='libtpu not installed: pip install -r '
-    'requirements-compile.txt for the TPU compile tests')
-NEEDS_GPU = pytest.mark.skipif(
-    not HAS_CUDA, reason='the CUDA plugin is not installed: pip install -r '
-    'requirements-compile.txt for the GPU compile tests')
+
+
+def _needs(installed, reason):
+  """Marks a test `extras` (pytest.ini) and skips it, naming `reason`,
+  where its package is not installed."""
+  def mark(test):
+    return pytest.mark.extras(pytest.mark.skipif(not installed,
+                                                 reason=reason)(test))
+  return mark
+
+
+NEEDS_TPU = _needs(HAS_LIBTPU, 'libtpu not installed: pip install -r '
+                   'requirements-compile.txt for the TPU compile tests')
+NEEDS_GPU = _needs(HAS_CUDA, 'the CUDA plugin is not installed: pip install '
+                   '-r requirements-compile.txt for the GPU compile tests')
 
 
 # ---------------------------------------------------------------- targets
@@ -502,6 +511,8 @@ def runlocal(tmp_path_factory):
 
 
 @pytest.mark.parametrize('target, devices', [('v5e:2x2', 4), ('h200:8', 8)])
+@pytest.mark.slow  # The fixture's compile takes about two minutes.
+@pytest.mark.extras
 def test_runlocal_compiles_and_fits(runlocal, target, devices):
   _, _, results = runlocal
   r = results[target]
@@ -523,6 +534,8 @@ def test_runlocal_compiles_and_fits(runlocal, target, devices):
     assert r['train']['generated_code'] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.extras
 def test_runlocal_table(runlocal):
   run, text, _ = runlocal
   assert text.strip() == run.stdout.strip()

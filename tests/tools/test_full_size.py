@@ -21,6 +21,7 @@ from lra_msmra_tools import fits
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.extras,
     pytest.mark.xdist_group('tools-full-size'),
     pytest.mark.skipif(helpers.COMPILE_EXTRAS_MISSING,
                        reason=helpers.COMPILE_EXTRAS_REASON),
