@@ -14,6 +14,8 @@ def _requirements(name):
 
 # Optional: only the compile tool needs them (docs/scaling.md).
 COMPILE_REQUIREMENTS = _requirements('requirements-compile.txt')
+# Optional: only the real IMDb and CIFAR-10 data.
+TFDS_REQUIREMENTS = _requirements('requirements-tfds.txt')
 
 setuptools.setup(
     name='lra_msmra',
@@ -27,12 +29,16 @@ setuptools.setup(
     install_requires=[
         'jax', 'flax', 'optax', 'chex', 'orbax-checkpoint', 'ml_collections',
         'absl-py', 'numpy', 'tensorboardX',
-        # Text, Image and Pathfinder data (imported lazily).
-        'tensorflow-datasets', 'tensorflow-cpu',
+        # Decodes the Pathfinder PNGs (imported lazily).
+        'pillow',
     ],
     extras_require={
         # Compile for TPU and GPU on a CPU (python -m lra_msmra_tools.compile):
         # the same pins as requirements-compile.txt.
         'compile': COMPILE_REQUIREMENTS,
+        # TensorFlow and TFDS: the real IMDb and CIFAR-10 data (python -m
+        # lra_msmra.data.prepare --tfds, tfds.load): the same pins as
+        # requirements-tfds.txt.
+        'tfds': TFDS_REQUIREMENTS,
     },
 )

@@ -15,7 +15,8 @@ Usage: launch/tpu_pod.sh [--dry_run] STEP... [-- MAIN_FLAGS...]
 Steps (in the order given):
   create   gcloud compute tpus tpu-vm create (the slice)
   setup    copy the committed code (git archive HEAD) to every worker,
-           install requirements.txt and jax[tpu], mount the bucket
+           install requirements.txt (and requirements-tfds.txt for a
+           Text or Image CONFIG) and jax[tpu], mount the bucket
   run      on every worker: python3 -m lra_msmra.main --config=$CONFIG \
              --workdir=$MOUNT/$RUN_SUBDIR \
              [--config.data_dir=$MOUNT/$DATA_SUBDIR] --distributed \
@@ -126,7 +127,12 @@ step_setup() {
     "${where[@]}" --worker=all
   local install="set -e; mkdir -p ~/lra_msmra"
   install+="; tar xzf $ARCHIVE -C ~/lra_msmra; cd ~/lra_msmra"
-  install+="; python3 -m pip install -r requirements.txt -e ."
+  # Text and Image read their real data with TFDS: the optional extra.
+  local tfds=""
+  case "${CONFIG:-}" in
+    configs/text/*|configs/image/*) tfds=" -r requirements-tfds.txt" ;;
+  esac
+  install+="; python3 -m pip install -r requirements.txt$tfds -e ."
   install+="; python3 -m pip install 'jax[tpu]==$JAX_VERSION'"
   on_all_workers "$install"
   # gcsfuse from Google's apt repository; --rename-dir-limit lets orbax

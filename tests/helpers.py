@@ -29,6 +29,16 @@ COMPILE_EXTRAS_MISSING = (importlib.util.find_spec('libtpu') is None
 COMPILE_EXTRAS_REASON = ('the compile extras are not installed '
                          '(pip install -r requirements-compile.txt)')
 
+# The optional TensorFlow and TFDS packages (requirements-tfds.txt): the
+# tests that compare with TensorFlow's PNG decoder and TFDS's own code, or
+# read through `tfds.load`, skip without them (and are marked `extras`).
+TFDS_EXTRA_MISSING = (importlib.util.find_spec('tensorflow') is None
+                      or importlib.util.find_spec('tensorflow_datasets')
+                      is None)
+TFDS_EXTRA_REASON = ('the tfds extra (TensorFlow, TFDS) is not installed '
+                     '(pip install -e .[tfds] or pip install -r '
+                     'requirements-tfds.txt)')
+
 
 def xla_flags(devices: int) -> str:
   """XLA_FLAGS for a test process with `devices` fake CPU devices."""

@@ -92,6 +92,19 @@ def test_tpu_pod_commands():
   assert len(out) == 7
 
 
+@pytest.mark.parametrize('config, tfds', [('configs/text/cst.py', True),
+                                          ('configs/image/cst.py', True),
+                                          ('configs/listops/cst.py', False)])
+def test_tpu_pod_installs_tensorflow_for_text_and_image_only(config, tfds):
+  """Text and Image read their real data with TFDS (requirements-tfds.txt);
+  other tasks install without TensorFlow."""
+  env = dict(TPU_ENV, CONFIG=config)
+  install = lines(run('tpu_pod.sh', '--dry_run', 'setup', **env))[2]
+  assert ('pip install -r requirements.txt -r requirements-tfds.txt -e .'
+          in install[-1]) == tfds
+  assert ('pip install -r requirements.txt -e .' in install[-1]) != tfds
+
+
 def test_tpu_pod_defaults_and_errors():
   env = dict(TPU_ENV, PROJECT='', DATA_SUBDIR='')
   env.pop('PROJECT')

@@ -7,8 +7,8 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
 --out /path/to/prepared` (or any TFDS data dir with `cifar10`); with
-`data.generate=True` (the `runlocal` option), mock images are served through
-tfds.testing.mock_data.
+`data.generate=True` (the `runlocal` option), mock images are split as
+TFDS splits them (lra_msmra.data.tfds_io), without TensorFlow.
 
 Pixels (0..255, grayscale exactly as TF's rgb_to_grayscale, P22) are tokens,
 row-major, 1024 per image; black pixels count as padding as in LRA (P8,
@@ -38,8 +38,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # plumbing checks only (`runlocal` sets it); results record them as
   # 'mock' and never list them beside published numbers.
   c.data.generate = False
-  # Mock data: generated images served through
-  # tfds.testing.mock_data, as many as CIFAR-10 has.
+  # Mock data: generated images, split as TFDS splits them, as many
+  # as CIFAR-10 has.
   c.data.generator = ml_collections.ConfigDict(dict(
       num_train=50000, num_test=10000, seed=0))
 

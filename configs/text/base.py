@@ -7,8 +7,8 @@ Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
 
 `data_dir` is the folder written by `python -m lra_msmra.data.prepare --tfds
 --out /path/to/prepared` (or any TFDS data dir with `imdb_reviews`); with
-`data.generate=True` (the `runlocal` option), mock reviews are served through
-tfds.testing.mock_data.
+`data.generate=True` (the `runlocal` option), mock reviews are split as
+TFDS splits them (lra_msmra.data.tfds_io), without TensorFlow.
 
 LRA's config truncates at 1000 bytes (`data.max_length`); the papers use 4000
 (P4): the `xiong` and `cst` options use 4000, and `--config.data.max_length=
@@ -39,8 +39,8 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   # plumbing checks only (`runlocal` sets it); results record them as
   # 'mock' and never list them beside published numbers.
   c.data.generate = False
-  # Mock data: generated reviews served through
-  # tfds.testing.mock_data, as many as IMDb has.
+  # Mock data: generated reviews, split as TFDS splits them, as many
+  # as IMDb has.
   c.data.generator = ml_collections.ConfigDict(dict(
       num_train=25000, num_test=25000, seed=0))
 

@@ -22,8 +22,6 @@ slow each other down. For a clean split, profile on one thread:
 
   XLA_FLAGS='--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1' \
       taskset -c 0 python -m lra_msmra.benchmark.profile_layer ...
-
-Reading the trace needs TensorFlow's profiler protos (`tensorflow-cpu`).
 """
 
 from __future__ import annotations
@@ -158,7 +156,7 @@ def markdown(title: str, result: Mapping[str, Any], top: int) -> str:
            f'{len(result["seconds_all"])}).']
   if not result['ops']:
     return '\n'.join(lines + ['', 'No operation profile (needs the CPU '
-                              "backend and TensorFlow's profiler protos)."])
+                              'backend).'])
   total = sum(result['kinds'].values())
   rows = [[kind, f'{1e3 * result["kinds"].get(kind, 0.0):.1f}',
            f'{100 * result["kinds"].get(kind, 0.0) / total:.0f}%']

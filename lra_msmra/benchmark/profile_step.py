@@ -17,8 +17,8 @@ of it), and reports:
 
 Summed operation times can exceed the step time when operations run on
 several threads at once. The trace parser reads the XLA CPU runtime's
-events; on other backends only the step time is reported. Reading the trace
-needs TensorFlow's profiler protos (installed with `tensorflow-cpu`).
+events (read with `jax.profiler.ProfileData`); on other backends only the
+step time is reported.
 """
 
 from __future__ import annotations
@@ -109,22 +109,15 @@ def trace_op_seconds(trace_dir: str, calls: int
 
   Reads the newest `jax.profiler` trace under `trace_dir` (the XLA CPU
   runtime's events over `calls` calls of one executable); None if there is
-  no trace or TensorFlow's profiler protos are missing.
+  no trace.
   """
-  try:
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
   files = sorted(glob.glob(os.path.join(trace_dir, '**', '*.xplane.pb'),
                            recursive=True))
   if not files:
     return None
-  space = xplane_pb2.XSpace()
-  with open(files[-1], 'rb') as f:
-    space.ParseFromString(f.read())
+  space = jax.profiler.ProfileData.from_file(files[-1])
   ops: collections.Counter[str] = collections.Counter()
   for plane in space.planes:
-    names = {k: v.name for k, v in plane.event_metadata.items()}
     for line in plane.lines:
       # XLA CPU runs an executable's operations on its Eigen pool and on
       # the client's own threads; which one takes an operation varies from
@@ -132,9 +125,8 @@ def trace_op_seconds(trace_dir: str, calls: int
       if 'XLAEigen' not in line.name and 'XLAPjRtCpuClient' not in line.name:
         continue
       for event in line.events:
-        name = names.get(event.metadata_id, '')
-        if not name.startswith(_RUNTIME_EVENTS):
-          ops[name] += event.duration_ps / 1e12 / calls
+        if not event.name.startswith(_RUNTIME_EVENTS):
+          ops[event.name] += event.duration_ns / 1e9 / calls
   return ops
 
 

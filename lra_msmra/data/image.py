@@ -22,8 +22,10 @@ Where we differ: LRA evaluates whole batches only (`drop_remainder`: 9,984
 test images, and 39 validation batches of a split that has 19, P15); we
 evaluate every image once.
 
-With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path
-reads generated images through `tfds.testing.mock_data` (`synthetic_images`).
+With `config.data.generate=True` (runlocal, tests) generated images
+(`synthetic_images`) stand in for the stored splits and are sliced as
+`tfds.load` slices them (`tfds_io.from_examples`); TensorFlow and TFDS are
+needed for the real data only (`pip install -e .[tfds]`).
 
 config.data keys:
   pad_to_length: zero-pad the 1024 tokens further to this length (0 = none;
@@ -114,9 +116,7 @@ def _mock_examples(gen: Any) -> dict[str, dict[str, np.ndarray]]:
   for i, (split, num) in enumerate((('train', gen.num_train),
                                     ('test', gen.num_test))):
     images, labels = synthetic_images(num, gen.seed + i)
-    ids = np.array([f'{split}_{k:05d}'.encode() for k in range(num)],
-                   dtype=object)
-    examples[split] = {'image': images, 'label': labels, 'id': ids}
+    examples[split] = {'image': images, 'label': labels}
   return examples
 
 
@@ -125,6 +125,8 @@ def _source(split: dict[str, np.ndarray], spec: str, max_len: int
   images = split['image']
   labels = pipeline.check_labels(split['label'], NUM_CLASSES,
                                  f'{TFDS_NAME} {spec}')
+  if not len(images):
+    raise ValueError(f'{TFDS_NAME} {spec}: the split has no examples.')
   if images.ndim != 4 or images.shape[1:] != (SIDE, SIDE, 3):
     raise ValueError(f'{TFDS_NAME} {spec}: expected images [n, {SIDE}, '
                      f'{SIDE}, 3], got {images.shape}.')

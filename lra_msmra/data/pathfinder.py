@@ -30,8 +30,10 @@ do with these files (`data/pathfinder.py`, `image/input_pipeline.py`):
 4. Empty PNGs (zero bytes, e.g. pathfinder32/curv_baseline/imgs/0/
    sample_172.png) are dropped within each split after slicing, as LRA does
    (P21); their number goes to the notes.
-5. PNGs are decoded with TensorFlow's `decode_png` (LRA's decoder; imported
-   lazily) and must be R x R x 1; pixel intensities 0..255 are the tokens
+5. PNGs are decoded as TensorFlow's `decode_png` (LRA's decoder) decodes
+   them, without TensorFlow (`data/png.py`: each file checked as libpng
+   does, decoded with Pillow, to the same pixels, refusing the same files).
+   They must be R x R x 1; pixel intensities 0..255 are the tokens
    (vocabulary 256), flattened row-major to R * R.
 
 Training order (`data.shuffle`): LRA shuffles whole batches with a buffer of
@@ -75,10 +77,8 @@ import os
 import re
 import resource
 import shutil
-import struct
 import sys
 import time
-import zlib
 from typing import Any, Mapping, NamedTuple, Optional
 
 import numpy as np
@@ -86,6 +86,8 @@ import numpy as np
 from lra_msmra import config_lib
 from lra_msmra.data import pathfinder_generator
 from lra_msmra.data import pipeline
+from lra_msmra.data import png
+from lra_msmra.data import splits
 
 VOCAB_SIZE = 256  # pixel intensities are the tokens.
 NUM_CLASSES = 2
@@ -182,100 +184,75 @@ def tfds_order(keys: list[str], salt: str) -> np.ndarray:
                   dtype=np.int64)
 
 
-def percent_boundary(percent: int, num: int) -> int:
-  """TFDS's 'closest' rounding of a percent slice boundary."""
-  return int(round(percent * num / 100.0))
-
-
 def decode_png(data: bytes, path: str, resolution: int) -> np.ndarray:
-  """Decodes one single-channel R x R PNG to uint8 `[R * R]`.
+  """Decodes one single-channel R x R PNG to uint8 `[R * R]` as LRA's
+  decoder does (`png.decode`).
 
   Raises:
-    ValueError: not a decodable PNG or the wrong shape, naming `path`.
+    ValueError: not a decodable PNG or the wrong shape, naming `path`, on
+      one line.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   try:
-    image = tf.io.decode_png(data, channels=0).numpy()
-  except tf.errors.OpError as e:
-    raise ValueError(f'{path}: cannot decode the PNG ({e.message}).') from None
-  if image.shape != (resolution, resolution, 1):
-    raise ValueError(f'{path}: expected a {resolution}x{resolution} '
-                     f'single-channel image, got shape {image.shape}.')
-  return image.reshape(-1)
+    return png.decode(data, resolution)
+  except ValueError as e:
+    raise ValueError(f'{path}: {e}') from None
 
 
-# PNGs decoded per graph call by `check_pngs`.
-_CHECK_BATCH = 512
-_shape_fns: dict[int, Any] = {}
-
-
-def _batch_shapes(datas: list[bytes]) -> np.ndarray:
-  """`[n, 3]` decoded shapes of PNGs, with `decode_png`'s decoder in one
-  graph call (much faster than one eager call per image); raises
-  tf.errors.OpError if any PNG cannot be decoded."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if 'fn' not in _shape_fns:
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-    def shapes(data):
-      return tf.map_fn(lambda d: tf.shape(tf.io.decode_png(d, channels=0)),
-                       data, fn_output_signature=tf.int32)
-    _shape_fns['fn'] = shapes
-  return _shape_fns['fn'](tf.constant(datas)).numpy()
-
-
-def _check_batch(paths: list[str], resolution: int
-                 ) -> tuple[list[str], list[str]]:
-  """(empty files, problems) of some PNGs; see `check_pngs`."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  empty, problems, datas, read = [], [], [], []
+def _read_files(paths: list[str]) -> list[Optional[bytes]]:
+  """The bytes of each file, None for a missing one."""
+  out = []
   for path in paths:
     try:
       with open(path, 'rb') as f:
-        data = f.read()
+        out.append(f.read())
     except FileNotFoundError:
-      problems.append(f'{path}: image listed in the metadata is missing.')
-      continue
-    if data:
-      datas.append(data)
-      read.append(path)
-    else:
-      empty.append(path)
-  if not datas:
-    return empty, problems
-  try:
-    shapes = _batch_shapes(datas)
-    bad = [i for i, shape in enumerate(shapes)
-           if tuple(shape) != (resolution, resolution, 1)]
-  except tf.errors.OpError:
-    bad = range(len(datas))  # Find which ones, one by one.
-  for i in bad:
-    try:
-      decode_png(datas[i], read[i], resolution)
-    except ValueError as e:
-      problems.append(str(e))
-  return empty, problems
+      out.append(None)
+  return out
+
+
+# PNGs per unit of work of `check_pngs`'s reading threads.
+_CHECK_BATCH = 256
 
 
 def check_pngs(paths: list[str], resolution: int, workers: int = 8
                ) -> tuple[list[str], list[str]]:
   """Decodes every non-empty PNG as training will (`decode_png`).
 
-  Files are read and decoded in batches by a pool of threads (the decoder
-  releases the GIL; reading overlaps with decoding).
+  A pool of threads reads the files, in batches, a few batches ahead of
+  the decoding in this thread: reading overlaps with decoding, and the
+  decoder, mostly Python and so holding the GIL, does not share it.
 
   Returns:
     (empty files, which training skips (P21); one message per file that
     training would reject: missing, not a decodable PNG, or not R x R x 1).
   """
+  import collections  # pylint: disable=g-import-not-at-top
   import concurrent.futures  # pylint: disable=g-import-not-at-top
-  batches = [paths[i:i + _CHECK_BATCH]
-             for i in range(0, len(paths), _CHECK_BATCH)]
+  batches = iter([paths[i:i + _CHECK_BATCH]
+                  for i in range(0, len(paths), _CHECK_BATCH)])
   empty, problems = [], []
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    for e, p in pool.map(lambda b: _check_batch(b, resolution), batches):
-      empty += e
-      problems += p
-  return empty, problems
+    ahead = collections.deque()
+    while True:
+      while len(ahead) < 2 * workers:  # Bounded: the files can be GBs.
+        batch = next(batches, None)
+        if batch is None:
+          break
+        ahead.append((batch, pool.submit(_read_files, batch)))
+      if not ahead:
+        return empty, problems
+      batch, datas = ahead.popleft()
+      for path, data in zip(batch, datas.result()):
+        if data is None:
+          problems.append(f'{path}: image listed in the metadata is '
+                          'missing.')
+        elif not data:
+          empty.append(path)
+        else:
+          try:
+            decode_png(data, path, resolution)
+          except ValueError as e:
+            problems.append(str(e))
 
 
 def load_split(folder: str, examples: list[Example], resolution: int
@@ -311,31 +288,12 @@ def split_examples(examples: list[Example], difficulty: str
   n = len(examples)
   out = {}
   for name, (lo, hi) in SPLIT_PERCENTS.items():
-    a, b = percent_boundary(lo, n), percent_boundary(hi, n)
+    a, b = (splits.percent_boundary(lo, n), splits.percent_boundary(hi, n))
     out[name] = [examples[i] for i in order[a:b]]
   return out
 
 
 # --------------------------------------------------------------- generation
-
-
-def write_png(path: str, image: np.ndarray) -> None:
-  """Writes uint8 `[H, W]` as an 8-bit grayscale PNG (no filtering)."""
-  if image.dtype != np.uint8 or image.ndim != 2:
-    raise ValueError(f'Expected uint8 [H, W], got {image.dtype} '
-                     f'{image.shape}.')
-  h, w = image.shape
-
-  def chunk(kind: bytes, body: bytes) -> bytes:
-    crc = zlib.crc32(kind + body) & 0xFFFFFFFF
-    return struct.pack('>I', len(body)) + kind + body + struct.pack('>I', crc)
-
-  # Each row starts with filter type 0 (none).
-  raw = b''.join(b'\x00' + image[r].tobytes() for r in range(h))
-  header = struct.pack('>IIBBBBB', w, h, 8, 0, 0, 0, 0)  # 8-bit gray.
-  with open(path, 'wb') as f:
-    f.write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) +
-            chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
 
 
 def _metadata_line(batch: int, i: int, label: int, margin: int,
@@ -362,7 +320,7 @@ def _write_chunk(task: tuple[str, pathfinder_generator.Settings, str, int,
   for i in range(first, first + count):
     pixels, label, margin = pathfinder_generator.generate_image(
         s, seed, difficulty, start + i)
-    write_png(os.path.join(img_dir, f'sample_{i}.png'), pixels)
+    png.write(os.path.join(img_dir, f'sample_{i}.png'), pixels)
     lines.append(_metadata_line(batch, i, label, margin, s))
   return batch, first, lines
 
@@ -480,7 +438,8 @@ def _write_dataset(folder: str, s: pathfinder_generator.Settings,
       finish(*_write_chunk(task))
   else:
     # Forked workers need no importable __main__ (the command line imports
-    # neither JAX nor TensorFlow, whose threads make forking unsafe).
+    # neither JAX nor TensorFlow, whose threads make forking unsafe; a
+    # caller may have imported them).
     threads = any(m in sys.modules for m in ('jax', 'tensorflow'))
     fork = 'fork' in multiprocessing.get_all_start_methods() and not threads
     context = multiprocessing.get_context('fork' if fork else 'spawn')

@@ -14,7 +14,10 @@ What to download (docs/protocol.md §2):
   under one folder).
 * IMDb and CIFAR-10 are not in the release; they come from TFDS. `--tfds`
   downloads and prepares `imdb_reviews` and `cifar10` into
-  `DIR/tensorflow_datasets/` (needs internet access, ~200 MB).
+  `DIR/tensorflow_datasets/` (needs internet access, ~200 MB, and the
+  optional TensorFlow and TFDS packages: `pip install -e .[tfds]`; without
+  them the command stops at once, saying so). Nothing else here needs
+  TensorFlow.
 
 What it writes (`DIR/`):
 
@@ -299,9 +302,19 @@ def prepare_release(release: str, out: str, tasks: Sequence[str],
   return report
 
 
+def _import_tfds():
+  """TFDS, or `tfds_io.ExtraMissing` naming the install command."""
+  return tfds_io.import_extra('tensorflow_datasets',
+                              'Preparing IMDb and CIFAR-10 (--tfds)')
+
+
 def prepare_tfds(out: str) -> dict[str, Any]:
-  """Downloads and prepares IMDb and CIFAR-10 with TFDS."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  """Downloads and prepares IMDb and CIFAR-10 with TFDS.
+
+  Raises:
+    tfds_io.ExtraMissing: TensorFlow or TFDS is not installed.
+  """
+  tfds = _import_tfds()
   data_dir = os.path.join(out, tfds_io.TFDS_SUBDIR)
   report = {}
   for name in TFDS_DATASETS:
@@ -447,7 +460,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                  'unpacked into.')
   p.add_argument('--out', required=True, help='Folder to write.')
   p.add_argument('--tfds', action='store_true', help='Also download and '
-                 'prepare imdb_reviews and cifar10 with TFDS.')
+                 'prepare imdb_reviews and cifar10 with TFDS (needs the '
+                 'optional install: pip install -e .[tfds]).')
   p.add_argument('--generate_listops', action='store_true', help='Write '
                  'ListOps (96,000/2,000/2,000 expressions, the official '
                  'generator settings) into DIR/listops-1000 with our seeded '
@@ -514,6 +528,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pathfinder_sets = parse_pathfinder_sets(args.pathfinder_sets)
   except ValueError as e:
     p.error(str(e))
+  if args.tfds:
+    try:
+      _import_tfds()  # Before any other work, which can take long.
+    except tfds_io.ExtraMissing as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 1
   os.makedirs(args.out, exist_ok=True)
   report: dict[str, Any] = {}
   try:
@@ -529,7 +549,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       report['pathfinder_generated'] = generate_pathfinder(
           args.out, pathfinder_sets, args.pathfinder_num_examples,
           args.pathfinder_seed, args.workers, args.pathx_distractors)
-  except (PrepareError, FileNotFoundError, ValueError) as e:
+  except (PrepareError, FileNotFoundError, ValueError,
+          tfds_io.ExtraMissing) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
   with open(os.path.join(args.out, MANIFEST), 'w') as f:

@@ -18,8 +18,10 @@ whole split every epoch, seeded (`data.shuffle`, P10). LRA's last evaluation
 batch is partial; ours is padded with zero-weight copies, so every example
 counts once either way.
 
-With `config.data.generate=True` (runlocal, tests) the same `tfds.load` path
-reads generated reviews through `tfds.testing.mock_data` (`synthetic_reviews`).
+With `config.data.generate=True` (runlocal, tests) generated reviews
+(`synthetic_reviews`) stand in for the stored splits and are read as
+`tfds.load` would read them (`tfds_io.from_examples`); TensorFlow and TFDS
+are needed for the real data only (`pip install -e .[tfds]`).
 
 config.data keys:
   max_length: bytes kept per review.

@@ -1,8 +1,11 @@
 """TFDS reading shared by the Text (IMDb) and Image (CIFAR-10) pipelines.
 
 LRA reads both datasets with `tfds.load` (docs/protocol.md §5.2, §5.4); so do
-we, and then hold the splits as numpy arrays. TensorFlow and TFDS are imported
-inside the functions only, so importing `lra_msmra` stays fast and TF-free.
+we, and then hold the splits as numpy arrays. TensorFlow and TFDS are an
+optional install (`pip install -e .[tfds]`, requirements-tfds.txt), needed
+only to read or prepare the real data: they are imported inside `load` and
+`import_extra` only, so importing `lra_msmra` stays fast and TF-free, and a
+missing install is reported in one line (`ExtraMissing`) that names the fix.
 
 Where the data lives: `config.data_dir` is either the folder written by
 `python -m lra_msmra.data.prepare` (its `tensorflow_datasets/` subfolder is
@@ -10,22 +13,55 @@ used) or any TFDS data dir holding `imdb_reviews/` and `cifar10/`. We never
 download during training (`download=False`): the preparation command does it
 once (`--tfds`), or `tfds build imdb_reviews cifar10 --data_dir DIR`.
 
-Without data (runlocal and tests), `mock` serves generated examples through
-`tfds.testing.mock_data`: the same `tfds.load` call, the dataset's real
-feature spec and TFDS's own split-slicing arithmetic (`train[:90%]`).
+Without data (runlocal and tests, `config.data.generate=True`), generated
+examples in the dataset's format are sliced with TFDS's own split arithmetic
+(`train[:90%]`, reimplemented in `lra_msmra.data.splits`), so the same
+examples in the same order come out as `tfds.load` gives for them (see
+`from_examples`); this needs neither TensorFlow nor TFDS.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import os
 import types
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from lra_msmra import errors
+from lra_msmra.data import splits as splits_lib
+
 # Subfolder of a prepared data folder that is a TFDS data dir.
 TFDS_SUBDIR = 'tensorflow_datasets'
+# How to install the optional TensorFlow and TFDS packages.
+EXTRA_INSTALL = ('pip install -e .[tfds] (or pip install -r '
+                 'requirements-tfds.txt)')
+
+
+class ExtraMissing(ImportError):
+  """An optional package (the `tfds` extra) is needed but not installed."""
+
+
+def import_extra(module: str, purpose: str) -> types.ModuleType:
+  """Imports `module` of the optional `tfds` extra (TensorFlow, TFDS).
+
+  Args:
+    module: the module, e.g. 'tensorflow_datasets'.
+    purpose: what needs it, the start of the error message, e.g. 'Reading
+      IMDb and CIFAR-10'.
+
+  Raises:
+    ExtraMissing: the import failed; its message (one line, marked as the
+      user's to fix, see `lra_msmra.errors`) names the install command.
+  """
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    raise errors.mark(ExtraMissing(
+        f'{purpose} needs the optional `tfds` extra (TensorFlow, TFDS), '
+        f'which is not installed (import {module}: {errors.one_line(e)}); '
+        f'install it with {EXTRA_INSTALL}.')) from e
 
 
 def resolve_data_dir(data_dir: str) -> str:
@@ -47,7 +83,8 @@ def load(name: str, splits: Sequence[str], data_dir: str | None,
   Args:
     name: TFDS dataset name, e.g. 'imdb_reviews'.
     splits: TFDS split specs, e.g. ['train[:90%]', 'test'].
-    data_dir: TFDS data dir; None inside `mock`.
+    data_dir: TFDS data dir (None: TFDS's default, e.g. under
+      `tfds.testing.mock_data`).
     fields: feature names to keep.
 
   Returns:
@@ -55,9 +92,10 @@ def load(name: str, splits: Sequence[str], data_dir: str | None,
     as an object array of bytes).
 
   Raises:
+    ExtraMissing: TensorFlow or TFDS is not installed.
     FileNotFoundError: the dataset is not prepared in `data_dir`.
   """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  tfds = import_extra('tensorflow_datasets', f'Reading TFDS {name}')
   try:
     datasets = tfds.load(name, split=list(splits), data_dir=data_dir,
                          download=False, shuffle_files=False)
@@ -77,46 +115,46 @@ def load(name: str, splits: Sequence[str], data_dir: str | None,
   return out
 
 
-@contextlib.contextmanager
-def mock(examples: Mapping[str, Mapping[str, np.ndarray]]) -> Iterator[None]:
-  """Makes `tfds.load` serve `examples` instead of files.
+def from_examples(examples: Mapping[str, Mapping[str, np.ndarray]],
+                  splits: Sequence[str], fields: Sequence[str]
+                  ) -> dict[str, dict[str, np.ndarray]]:
+  """What `load(..., splits, ..., fields)` returns for a dataset that stores
+  `examples`, without TFDS.
 
   Args:
-    examples: base split name ('train', 'test') -> feature name -> array with
-      one row per example, in the dataset's feature dtypes.
+    examples: stored split name ('train', 'test') -> feature name -> array
+      with one row per example, in the dataset's feature dtypes (strings as
+      an object array of bytes).
+    splits: TFDS split specs, e.g. ['train[:90%]', 'test'].
+    fields: feature names to keep.
 
-  Yields:
-    Nothing; `load(..., data_dir=None)` inside the context reads `examples`.
+  Returns:
+    split spec -> field -> the rows that TFDS's slicing of `spec` selects,
+    in stored order (a new array).
+
+  Raises:
+    ValueError: a spec TFDS would refuse (`splits.to_absolute`).
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
-  sizes = {name: types.SimpleNamespace(
-      num_examples=len(next(iter(fields.values()))))
-           for name, fields in examples.items()}
-
-  def as_dataset(builder, split, decoders=None, read_config=None, **kwargs):
-    del decoders, read_config, kwargs
-    parts = tfds.core.ReadInstruction.from_spec(split).to_absolute(sizes)
-    rows = {f: np.concatenate([examples[p.splitname][f][p.from_:p.to]
-                               for p in parts])
-            for f in builder.info.features.keys()}
-    return tf.data.Dataset.from_tensor_slices(rows)
-
-  with tfds.testing.mock_data(as_dataset_fn=as_dataset,
-                              policy=tfds.testing.MockPolicy.USE_CODE):
-    yield
+  sizes = {name: len(next(iter(features.values())))
+           for name, features in examples.items()}
+  out = {}
+  for spec in splits:
+    parts = splits_lib.to_absolute(spec, sizes)
+    out[spec] = {f: np.concatenate([examples[p.split][f][p.start:p.stop]
+                                    for p in parts])
+                 for f in fields}
+  return out
 
 
 def load_or_mock(name: str, splits: Sequence[str], fields: Sequence[str],
                  config: Any, mock_examples: Callable[[], Mapping[str, Any]]
                  ) -> tuple[dict[str, dict[str, np.ndarray]], str]:
-  """`load` from `config.data_dir`, or, with `config.data.generate`, from
-  `mock_examples()` served through the same `tfds.load` path; returns the
-  splits and a note saying which."""
+  """`load` from `config.data_dir`, or, with `config.data.generate`, the
+  same splits of `mock_examples()` (`from_examples`); returns the splits
+  and a note saying which."""
   if not config.data.generate:
     tfds_dir = resolve_data_dir(config.data_dir)
     return load(name, splits, tfds_dir, fields), f'tfds {name} in {tfds_dir}'
-  with mock(mock_examples()):
-    data = load(name, splits, None, fields)
-  return data, f'mock examples served as tfds {name} (mock_data)'
+  return (from_examples(mock_examples(), splits, fields),
+          f"mock examples in tfds {name}'s format, sliced as tfds.load "
+          'would slice them')

@@ -1,15 +1,18 @@
-"""Image (CIFAR-10) pipeline on TFDS mock data, and TF-exact grayscale."""
+"""Image (CIFAR-10) pipeline on examples served as TFDS would, and
+TF-exact grayscale."""
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from lra_msmra.data import image
-from lra_msmra.data import tfds_io
+from tests.data.helpers import needs_tfds_extra
+from tests.data.helpers import serve_examples
 from tests.data.helpers import task_config
 
 
+@needs_tfds_extra
 def test_grayscale_matches_tensorflow_on_every_rgb_triple():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # All 2^24 triples: every rounding edge case of the truncating cast.
   v = np.arange(256, dtype=np.uint8)
   for r in range(0, 256, 64):  # Four chunks keep memory small.
@@ -40,11 +43,11 @@ def _examples(num_train, num_test):
   return out
 
 
-def test_splits_tokens_and_notes(tmp_path):
+def test_splits_tokens_and_notes(tmp_path, monkeypatch):
   examples = _examples(20, 5)
   config = task_config('image', None, data_dir=str(tmp_path))
-  with tfds_io.mock(examples):
-    data = image.get_datasets(config, str(tmp_path))
+  serve_examples(monkeypatch, examples)
+  data = image.get_datasets(config, str(tmp_path))
   # train[:90%] / train[90%:] / test, in stored order.
   assert [len(data.train), len(data.eval), len(data.test)] == [18, 2, 5]
   assert (data.vocab_size, data.num_classes, data.max_len) == (256, 10, 1024)
@@ -52,10 +55,9 @@ def test_splits_tokens_and_notes(tmp_path):
   assert set(batch) == {'inputs', 'targets'}
   assert batch['inputs'].shape == (1, 1024)
   assert batch['inputs'].dtype == np.int32
-  # Example 19 of train, row-major grayscale.
-  expected = tf.image.rgb_to_grayscale(examples['train']['image'][19])
-  np.testing.assert_array_equal(batch['inputs'][0],
-                                expected.numpy().reshape(-1))
+  # Example 19 of train, row-major grayscale (TF's, see above).
+  expected = image.rgb_to_grayscale(examples['train']['image'][19])
+  np.testing.assert_array_equal(batch['inputs'][0], expected.reshape(-1))
   assert batch['targets'].tolist() == [9]
   assert data.notes['train_shuffle'].startswith('batches')
   assert data.notes['zero_id_is_padding'] is True  # P8
@@ -63,10 +65,10 @@ def test_splits_tokens_and_notes(tmp_path):
   assert data.train.train_shuffle.window == image.BATCH_SHUFFLE_WINDOW
 
 
-def test_xiong_uses_example_shuffling(tmp_path):
+def test_xiong_uses_example_shuffling(tmp_path, monkeypatch):
   config = task_config('image', 'xiong', data_dir=str(tmp_path))
-  with tfds_io.mock(_examples(10, 2)):
-    data = image.get_datasets(config, str(tmp_path))
+  serve_examples(monkeypatch, _examples(10, 2))
+  data = image.get_datasets(config, str(tmp_path))
   assert data.train.train_shuffle.level == 'examples'
   assert data.notes['pooling'] == 'MEAN'
   assert data.max_len == 1024
@@ -83,10 +85,15 @@ def test_runlocal_generated_images(tmp_path):
       batch['inputs'], image.rgb_to_grayscale(images[:27]).reshape(27, -1))
 
 
-def test_bad_label_is_an_error(tmp_path):
+def test_bad_label_and_empty_split_are_errors(tmp_path, monkeypatch):
   examples = _examples(10, 2)
   examples['test']['label'][1] = 12
   config = task_config('image', data_dir=str(tmp_path))
-  with tfds_io.mock(examples):
-    with pytest.raises(ValueError, match='cifar10 test: label 12'):
-      image.get_datasets(config, str(tmp_path))
+  serve_examples(monkeypatch, examples)
+  with pytest.raises(ValueError, match='cifar10 test: label 12'):
+    image.get_datasets(config, str(tmp_path))
+  # 4 generated training images leave train[90%:] empty.
+  config = task_config('image', generator={'num_train': 4, 'num_test': 2})
+  with pytest.raises(ValueError, match=r'cifar10 train\[90%:\]: the split '
+                     'has no examples'):
+    image.get_datasets(config, str(tmp_path))

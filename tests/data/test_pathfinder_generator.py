@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from lra_msmra.data import pathfinder
+from lra_msmra.data import png
 from lra_msmra.data import pathfinder_generator as pg
 from lra_msmra.data import prepare
 
@@ -30,7 +31,7 @@ FIXTURE_SETS = [(32, 'easy', 4), (32, 'intermediate', 4), (32, 'hard', 4),
 
 def read_png(path):
   """uint8 [H, W] of an 8-bit grayscale PNG with unfiltered rows (what
-  `pathfinder.write_png` writes)."""
+  `png.write` writes)."""
   with open(path, 'rb') as f:
     data = f.read()
   assert data[:8] == b'\x89PNG\r\n\x1a\n', path

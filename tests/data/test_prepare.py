@@ -9,8 +9,10 @@ import pytest
 
 from lra_msmra.data import listops
 from lra_msmra.data import pathfinder
+from lra_msmra.data import png
 from lra_msmra.data import prepare
 from lra_msmra.data import retrieval
+from tests.data.helpers import needs_tfds_extra
 from tests.data.helpers import task_config
 from tests.data.helpers import write_release
 
@@ -175,6 +177,7 @@ def test_bad_inputs(tmp_path, capsys):
     prepare.main(['--out', str(tmp_path / 'o')])
 
 
+@needs_tfds_extra
 def test_tfds_download_step_under_mock(tmp_path, capsys):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   with tfds.testing.mock_data(policy=tfds.testing.MockPolicy.USE_CODE):
@@ -256,7 +259,7 @@ def test_undecodable_pngs_are_named(tmp_path, capsys, monkeypatch):
   with open(truncated, 'r+b') as f:
     f.truncate(40)
   wrong_size = os.path.join(hard, 'imgs', '1', 'sample_9.png')
-  pathfinder.write_png(wrong_size, np.zeros((16, 16), np.uint8))
+  png.write(wrong_size, np.zeros((16, 16), np.uint8))
   out = str(tmp_path / 'out')
   code, _, err = _run(capsys, '--lra_release', root, '--out', out)
   assert code == 1

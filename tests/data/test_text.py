@@ -1,10 +1,11 @@
-"""Text (IMDb) pipeline on TFDS mock data."""
+"""Text (IMDb) pipeline on examples served as TFDS would."""
 
 import numpy as np
 import pytest
 
 from lra_msmra.data import text
-from lra_msmra.data import tfds_io
+from tests.data.helpers import needs_tfds_extra
+from tests.data.helpers import serve_examples
 from tests.data.helpers import task_config
 
 REVIEWS = {
@@ -21,10 +22,10 @@ def _ids(raw, length):
   return ids + [0] * (length - len(ids))
 
 
-def test_batches_exact_ids_and_validation_is_test(tmp_path):
+def test_batches_exact_ids_and_validation_is_test(tmp_path, monkeypatch):
   config = task_config('text', data_dir=str(tmp_path), max_length=12)
-  with tfds_io.mock(REVIEWS):
-    data = text.get_datasets(config, str(tmp_path))
+  serve_examples(monkeypatch, REVIEWS)
+  data = text.get_datasets(config, str(tmp_path))
   assert (data.vocab_size, data.num_classes, data.max_len) == (257, 2, 12)
   assert not data.dual
   assert [len(data.train), len(data.eval), len(data.test)] == [3, 2, 2]
@@ -46,12 +47,12 @@ def test_batches_exact_ids_and_validation_is_test(tmp_path):
   assert data.test.get(np.array([1]))['inputs'][0].tolist() == _ids(b'ok', 12)
 
 
-def test_papers_length_and_xiong_padding(tmp_path):
+def test_papers_length_and_xiong_padding(tmp_path, monkeypatch):
   assert text.get_model_spec(task_config('text', None))['max_len'] == 1000
   config = task_config('text', 'xiong', data_dir=str(tmp_path))
   assert config.data.max_length == 4000
-  with tfds_io.mock(REVIEWS):
-    data = text.get_datasets(config, str(tmp_path))
+  serve_examples(monkeypatch, REVIEWS)
+  data = text.get_datasets(config, str(tmp_path))
   assert data.max_len == 4096
   assert data.train.get(np.array([0]))['inputs'].shape == (1, 4096)
 
@@ -68,16 +69,22 @@ def test_runlocal_generated_reviews_are_learnable_format(tmp_path):
   assert all(b'<br />' in t for t in texts)
 
 
-def test_bad_label_and_missing_dataset(tmp_path):
+def test_bad_label_and_missing_folder(tmp_path, monkeypatch):
   bad = {'train': dict(REVIEWS['train'], label=np.array([1, 7, 0])),
          'test': REVIEWS['test']}
   config = task_config('text', data_dir=str(tmp_path))
-  with tfds_io.mock(bad):
+  with monkeypatch.context() as m:
+    serve_examples(m, bad)
     with pytest.raises(ValueError, match='imdb_reviews train: label 7'):
       text.get_datasets(config, str(tmp_path))
-  with pytest.raises(FileNotFoundError, match="'imdb_reviews' is not "
-                     'prepared'):
-    text.get_datasets(config, str(tmp_path))
   config.data_dir = str(tmp_path / 'missing')
   with pytest.raises(FileNotFoundError, match='not a directory'):
+    text.get_datasets(config, str(tmp_path))
+
+
+@needs_tfds_extra
+def test_a_dataset_tfds_does_not_find_is_named(tmp_path):
+  config = task_config('text', data_dir=str(tmp_path))
+  with pytest.raises(FileNotFoundError, match="'imdb_reviews' is not "
+                     'prepared'):
     text.get_datasets(config, str(tmp_path))
