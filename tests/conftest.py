@@ -4,6 +4,7 @@ XLA_FLAGS must be set before jax is imported anywhere, hence here.
 """
 
 import atexit
+import gc
 import json
 import os
 import resource
@@ -104,3 +105,22 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item):
   yield from _timed_phase(item, 'teardown')
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+  """A test worker collects its garbage before it reports that it is done.
+
+  After a worker's last test, pytest runs five full garbage collections
+  (to find unraisable exceptions), each also freeing JAX's compiled
+  programs; on a large heap and a busy machine they took more than the
+  5 s that pytest-xdist's transport (execnet) waits before it interrupts
+  the worker with SIGINT, which landed in JAX's gc callback and printed a
+  `KeyboardInterrupt` warning after `[100%]`. Here, before the worker
+  reports back (xdist sends `workerfinished` after every sessionfinish
+  hook), one collection frees the garbage and `gc.freeze` leaves what
+  remains out of pytest's later collections.
+  """
+  if hasattr(session.config, 'workerinput'):  # A pytest-xdist worker.
+    gc.collect()
+    gc.freeze()
