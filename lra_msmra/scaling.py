@@ -13,7 +13,7 @@ config's own size and global batch, with nothing allocated:
 2. Figures: the parameters and the bytes of parameters and optimizer state
    per device (exact: the train state's shapes, replicated on every
    device); the matmul FLOPs of one training step on the global batch
-   (`lra_msmra.benchmark.flops`, exact for our implementation); and, from
+   (`lra_msmra.flops`, exact for our implementation); and, from
    one device's share of the batch, estimates of the activations: what the
    forward pass saves for the backward pass, the largest single
    intermediate, and optionally (`--xla_cpu`) XLA's own buffer sizes for the
@@ -182,7 +182,7 @@ def _leaves(tree: Any) -> list[Any]:
 
 
 def _sub_jaxprs(value: Any):
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
   return flops_lib._sub_jaxprs(value)  # pylint: disable=protected-access
 
 
@@ -310,7 +310,7 @@ def figures(config, mesh, name: str = '',
   """
   import jax  # pylint: disable=g-import-not-at-top
   from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
 
   devices = mesh.devices.size
   steps = build_steps(config, mesh)

@@ -75,6 +75,7 @@ from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
 from lra_msmra import errors
 from lra_msmra import fingerprint as fingerprint_lib
+from lra_msmra import flops as flops_lib
 from lra_msmra import hardware
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import models
@@ -84,7 +85,6 @@ from lra_msmra import sharding
 from lra_msmra import steps as steps_lib
 from lra_msmra import validation
 from lra_msmra import workdir_lock
-from lra_msmra.benchmark import flops as flops_lib
 from lra_msmra.data import pipeline
 
 # Config keys that may change when a run is resumed in the same workdir.
@@ -134,7 +134,7 @@ def train_step_flops(config: ml_collections.ConfigDict,
                      ) -> dict[str, Any]:
   """Model FLOPs of one training step over all devices, counted once.
 
-  The analytic matmul FLOPs (`lra_msmra.benchmark.flops`) of the step's
+  The analytic matmul FLOPs (`lra_msmra.flops`) of the step's
   jaxpr at the global batch: forward, backward (recomputation under
   `jax.checkpoint` included) and the optimizer's update, which has no
   matmul. Traced from shapes only; nothing runs.

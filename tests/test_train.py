@@ -19,6 +19,7 @@ import pytest
 import lra_msmra
 from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
+from lra_msmra import flops
 from lra_msmra import hardware
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import run_record
@@ -26,7 +27,6 @@ from lra_msmra import sharding
 from lra_msmra import steps
 from lra_msmra import train
 from lra_msmra import workdir_lock
-from lra_msmra.benchmark import flops
 from lra_msmra.data import pipeline
 from tests import helpers
 

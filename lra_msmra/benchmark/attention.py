@@ -23,7 +23,7 @@ before the forward pass ends. Dropout is off (deterministic).
 
 Per point (mechanism, length, mode) a separate worker process records the
 median time, the compile time, the net peak memory and the analytic matmul
-FLOPs (`lra_msmra.benchmark.flops`), plus XLA's own FLOP estimate and
+FLOPs (`lra_msmra.flops`), plus XLA's own FLOP estimate and
 temporary-buffer size where the backend reports them; how time is measured
 is in `lra_msmra.benchmark.workers`, how memory is measured and how points
 that would not fit are skipped in `lra_msmra.benchmark.memory`. Ratios to
@@ -357,7 +357,7 @@ def _time_jax(payload: Mapping[str, Any], fn: Callable[..., Any],
               args: tuple[Any, ...]) -> dict[str, Any]:
   """Compiles `fn(*args)`, counts its FLOPs and times it (a JAX point)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
 
   counted = flops_lib.matmul_flops(fn, *args)
   t0 = time.perf_counter()

@@ -37,7 +37,7 @@ Per point:
   `--max_point_seconds` of timed calls), each waited for with
   `block_until_ready`, after `--warmup` untimed calls; compile time;
 * FLOPs: the matmul FLOPs of the 'xla' implementation of the same layer or
-  step, counted from its jaxpr (`lra_msmra.benchmark.flops`), also for the
+  step, counted from its jaxpr (`lra_msmra.flops`), also for the
   other implementations, whose kernels hide their products from a jaxpr;
 * bytes: the layer's compulsory memory traffic
   (`lra_msmra.benchmark.roofline`);
@@ -434,7 +434,7 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
   from lra_msmra.attention import Mechanism  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import attention as attention_bench  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import roofline  # pylint: disable=g-import-not-at-top
 
   spec = specs.parse_specs(payload['name'])[0]
@@ -557,7 +557,7 @@ def _train_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
   from lra_msmra import models  # pylint: disable=g-import-not-at-top
   from lra_msmra import steps  # pylint: disable=g-import-not-at-top
   from lra_msmra import validation  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra.benchmark import train_step  # pylint: disable=g-import-not-at-top
 
   name = payload['name']

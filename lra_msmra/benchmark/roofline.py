@@ -4,7 +4,7 @@ A layer cannot run faster than its arithmetic at the device's peak FLOP/s
 nor faster than its compulsory memory traffic at the peak bandwidth, so its
 roofline time is `max(flops / peak FLOP/s, bytes / peak bytes/s)`
 (`roofline_s`). The FLOPs are the matmul FLOPs that
-`lra_msmra.benchmark.flops` counts; this module gives the bytes.
+`lra_msmra.flops` counts; this module gives the bytes.
 
 The model (`layer_bytes`): the layer is the contract's — `x`
 `[batch, length, features]` projected to queries, keys and values of

@@ -125,7 +125,7 @@ def _worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   from lra_msmra import data as data_lib  # pylint: disable=g-import-not-at-top
   from lra_msmra import models  # pylint: disable=g-import-not-at-top
   from lra_msmra import steps  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
 
   config = load_config(payload)
   spec = data_lib.get_model_spec(config)

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from lra_msmra import flops
 from lra_msmra.benchmark import attention
-from lra_msmra.benchmark import flops
 from tests.benchmark import run_benchmark
 
 # One test worker runs this file, so its module-scoped fixture is built
