@@ -64,11 +64,6 @@ _VERBOSE = flags.DEFINE_bool(
     'verbose', False, 'Show the INFO logs of the libraries (orbax, JAX, absl, '
     'TensorFlow) and orbax\'s warnings; same as --verbosity=0. Without it '
     'they are hidden.')
-_CPU_UNROLLED_THREEFRY = flags.DEFINE_bool(
-    'cpu_unrolled_threefry', False, 'On the CPU, lower the Threefry hash '
-    'behind every dropout mask unrolled (lra_msmra.cpu_rng): the same bits, '
-    'drawn about 5x faster; it patches JAX internals, hence opt-in. '
-    'Recorded in results.json.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -285,11 +280,6 @@ def main(argv):
   except OSError as e:
     _fail(config_load_message(sys.argv, e))
   from lra_msmra import train  # pylint: disable=g-import-not-at-top
-  if _CPU_UNROLLED_THREEFRY.value:
-    from lra_msmra import cpu_rng  # pylint: disable=g-import-not-at-top
-    if not cpu_rng.use_unrolled_threefry():
-      _fail('--cpu_unrolled_threefry: this JAX version lacks the internals '
-            'it patches (lra_msmra.cpu_rng); run without the flag.')
   launch = {'config': config_flags.get_config_filename(flags.FLAGS['config']),
             'overrides': {k: _plain(v) for k, v in
                           config_flags.get_override_values(

@@ -14,7 +14,6 @@ import platform
 import subprocess
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from lra_msmra import cpu_rng
 
 if TYPE_CHECKING:
   import jax
@@ -129,13 +128,12 @@ def host_memory(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
 
 
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
-  """Code, versions, devices, host memory settings and CPU options of this
-  process, for results.json. The memory settings change the speed, never
-  the numbers (`lra_msmra.benchmark.cpu_malloc`); so does the unrolled
-  Threefry lowering on CPU (`lra_msmra.cpu_rng`, the main command's
-  `--cpu_unrolled_threefry`), which draws the same bits."""
+  """Code, versions, devices and host memory settings of this process, for
+  results.json. The memory settings change the speed, never the numbers
+  (`lra_msmra.benchmark.cpu_malloc`). Runs recorded before 2026-11-29 also
+  hold `cpu_unrolled_threefry`, an option since removed that drew the same
+  dropout bits faster on the CPU."""
   return {'code': dict(git_commit(), source_digest=source_digest()),
           'versions': versions(),
           'devices': devices(mesh),
-          'host_memory': host_memory(),
-          'cpu_unrolled_threefry': cpu_rng.in_effect()}
+          'host_memory': host_memory()}

@@ -471,7 +471,6 @@ def main(argv: Sequence[str]) -> int:
   args = parse_args(argv[1:])
   _use_fake_cpu_devices(args.devices)
   import jax  # pylint: disable=g-import-not-at-top
-  from lra_msmra import cpu_rng  # pylint: disable=g-import-not-at-top
   from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
   from lra_msmra import validation  # pylint: disable=g-import-not-at-top
 
@@ -479,7 +478,6 @@ def main(argv: Sequence[str]) -> int:
     raise SystemExit(f'{jax.device_count()} devices, --devices '
                      f'{args.devices}: start with XLA_FLAGS='
                      f'--xla_force_host_platform_device_count={args.devices}.')
-  cpu_rng.use_unrolled_threefry()  # As --cpu_unrolled_threefry (CPU only).
   mesh = sharding.create_mesh(jax.devices()[:args.devices])
   results = []
   for path in args.paths:

@@ -36,7 +36,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_msmra import cpu_rng
 from lra_msmra import scaling
 from lra_msmra import sharding
 from lra_msmra import validation
@@ -81,7 +80,6 @@ def check_lowering(path, options='runlocal', dtypes=('float32', 'bfloat16'),
   if jax.device_count() < devices:
     return [f'{name}: {jax.device_count()} devices, {devices} needed '
             f'(XLA_FLAGS=--xla_force_host_platform_device_count={devices})']
-  cpu_rng.use_unrolled_threefry()
   mesh = sharding.create_mesh(jax.devices()[:devices])
   try:
     _, abstract = validation.trace(scaling.load_config(path, options))
@@ -106,7 +104,6 @@ def check_lowering(path, options='runlocal', dtypes=('float32', 'bfloat16'),
 def full_size_figures():
   """The figures of `listops/transformer.py` at full size on 8 and 2 devices
   (run in a worker)."""
-  cpu_rng.use_unrolled_threefry()
   config = scaling.load_config(os.path.join(scaling.CONFIG_ROOT, 'listops',
                                             'transformer.py'))
   on_8 = scaling.figures(config, sharding.create_mesh(jax.devices()[:8]),
@@ -135,9 +132,6 @@ def jobs(request):
 
 @pytest.fixture(scope='module')
 def mesh():
-  # As the main command's --cpu_unrolled_threefry: its CPU-only Threefry
-  # lowering is registered, and must leave the TPU and GPU lowerings alone.
-  cpu_rng.use_unrolled_threefry()
   return sharding.create_mesh(jax.devices()[:8])
 
 

@@ -53,26 +53,29 @@ def test_host_memory_settings_are_read_from_the_environment(tmp_path):
   assert info['malloc_env'] == {'MALLOC_ARENA_MAX': '2'}
 
 
-def test_the_unrolled_threefry_is_the_main_commands_opt_in(tmp_path):
-  """Off unless `--cpu_unrolled_threefry` asks for it; results.json says
-  which (the bits are the same: tests/test_cpu_rng.py)."""
+def test_results_record_the_provenance_and_the_removed_cpu_option_is_refused(
+    tmp_path):
+  """results.json records code, versions, devices and host memory, and no
+  longer `cpu_unrolled_threefry`; the
+  removed `--cpu_unrolled_threefry` (it patched JAX internals) is refused
+  in one line, not ignored."""
   env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(1),
              TF_CPP_MIN_LOG_LEVEL='3')
-  default = subprocess.run(
-      [sys.executable, '-c', 'from lra_msmra import provenance, train; '
-       'print(provenance.collect()["cpu_unrolled_threefry"])'],
-      cwd=helpers.ROOT, env=env, capture_output=True, text=True, check=True,
-      timeout=300).stdout
-  assert default.strip() == 'False'
-  subprocess.run(
-      [sys.executable, '-m', 'lra_msmra.main', '--config',
-       'tests/configs/tiny_listops.py:1', '--workdir', str(tmp_path),
-       '--config.eval_every_steps=1', '--config.num_eval_steps=1',
-       '--cpu_unrolled_threefry'],
-      cwd=helpers.ROOT, env=env, capture_output=True, text=True, check=True,
-      timeout=300)
+  command = [sys.executable, '-m', 'lra_msmra.main', '--config',
+             'tests/configs/tiny_listops.py:1', '--workdir', str(tmp_path),
+             '--config.eval_every_steps=1', '--config.num_eval_steps=1']
+  refused = subprocess.run(command + ['--cpu_unrolled_threefry'],
+                           cwd=helpers.ROOT, env=env, capture_output=True,
+                           text=True, timeout=300)
+  assert refused.returncode != 0
+  assert refused.stderr.strip().splitlines() == [
+      "error: Unknown command line flag 'cpu_unrolled_threefry' "
+      '(--helpshort lists the flags).']
+  subprocess.run(command, cwd=helpers.ROOT, env=env, capture_output=True,
+                 text=True, check=True, timeout=300)
   with open(tmp_path / 'results.json') as f:
     recorded = json.load(f)['provenance']
-  assert recorded['cpu_unrolled_threefry'] is True
+  assert set(recorded) == {'code', 'versions', 'devices', 'device_history',
+                           'host_memory'}
   assert set(recorded['host_memory']) == {
       'transparent_hugepage', 'glibc_malloc_hugetlb', 'malloc_env'}

@@ -41,7 +41,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra_msmra import config_lib
-from lra_msmra import cpu_rng
 from lra_msmra import data as data_lib
 from lra_msmra import steps as steps_lib
 
@@ -210,14 +209,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   p.add_argument('--steps', type=int, default=5)
   p.add_argument('--batch', type=int, default=None,
                  help='batch size (default: the config\'s)')
-  p.add_argument('--rng', choices=('unrolled', 'default'), default='unrolled',
-                 help='CPU Threefry lowering: the trainer\'s (unrolled) or '
-                      'JAX\'s default loop, to see what the unrolled one saves')
   p.add_argument('--out', default=None, help='folder for profile.json')
   args = p.parse_args(argv)
-  if args.rng == 'unrolled':
-    cpu_rng.use_unrolled_threefry()
-  report = {'load_average': os.getloadavg(), 'rng': args.rng, 'runs': {}}
+  report = {'load_average': os.getloadavg(), 'runs': {}}
   for spec in args.config:
     result = profile(load_config(spec), steps=args.steps,
                      batch_size=args.batch)
