@@ -35,8 +35,9 @@ IGNORED_KEYS = ('seed', 'data_dir', 'data.generate', 'data.generator',
 # same experiment as one recorded before it existed.
 # `model.attention_kw.implementation`: how the attention is computed
 # (lra_msmra.kernels); 'xla' is the code every run used before, and
-# 'xla_rows' the same code one batch row at a time (the same values up to
-# float32 rounding, like eval_batch_size above).
+# 'xla_rows', in runs recorded before it was removed (2026-11-29), the same
+# code one batch row at a time (the same values up to float32 rounding,
+# like eval_batch_size above).
 IMPLICIT_DEFAULTS = {'model.attention_kw.implementation': ('xla', 'xla_rows')}
 
 

@@ -39,10 +39,7 @@ quadratic in N with the constant r / l, as in the official code. The memory
 layout (not the function) is explained next to the code: the window tiles
 and the joint softmax in `_attend`, its recomputation in the backward pass
 in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
-`_layer_norm_bwd`. `implementation='xla_rows'` evaluates the same code on
-CPU one batch row at a time (`lra_msmra.kernels.cpu_rows`), faster there
-without differentiation (docs/benchmarks.md, "Page faults").
-`implementation='pallas'` runs the attention core (`_attend`) as one fused
+`_layer_norm_bwd`. `implementation='pallas'` runs the attention core (`_attend`) as one fused
 Pallas flash attention, forward and backward (`lra_msmra.kernels.long_short`;
 it sows no `probs`, and its dropout mask is the kernel's).
 
@@ -73,7 +70,6 @@ import jax
 import jax.numpy as jnp
 
 from lra_msmra.attention import base
-from lra_msmra.kernels import cpu_rows
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import long_short as fused
 from lra_msmra.kernels import xla_layout
@@ -388,18 +384,8 @@ class LongShortAttention(base.Attention):
   conv_kernel_size: int = 0
   normalize_before_compress: Optional[bool] = None
 
-  # 'xla_rows' evaluates on CPU one batch row at a time
-  # (`lra_msmra.kernels.cpu_rows`); 'pallas' fuses the attention core
-  # (`lra_msmra.kernels.long_short`).
-  IMPLEMENTATIONS = ('xla', cpu_rows.IMPLEMENTATION, fused.IMPLEMENTATION)
-
-  def __call__(self, x: Array, *, padding_mask: Optional[Array] = None,
-               deterministic: bool = True, **kwargs) -> Array:
-    if (self.implementation == cpu_rows.IMPLEMENTATION
-        and cpu_rows.loops(self, deterministic, kwargs)):
-      return cpu_rows.by_rows(self, x, padding_mask)
-    return super().__call__(x, padding_mask=padding_mask,
-                            deterministic=deterministic, **kwargs)
+  # 'pallas' fuses the attention core (`lra_msmra.kernels.long_short`).
+  IMPLEMENTATIONS = ('xla', fused.IMPLEMENTATION)
 
   def check_knobs(self) -> None:
     w, r = self.window_size, self.num_landmarks

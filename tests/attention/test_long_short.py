@@ -18,7 +18,6 @@ from lra_msmra import config_lib
 from lra_msmra import validation
 from lra_msmra.attention import long_short
 from lra_msmra.attention.long_short import LongShortAttention
-from lra_msmra.kernels import cpu_rows
 from tests.attention import sparse_reference as ref
 
 FEATURES, HEADS = 8, 2
@@ -543,36 +542,3 @@ def test_best_is_unknown_for_image_tasks(task):
 def test_best_needs_the_paper_protocol():
   with pytest.raises(ValueError, match='xiong'):
     _config('listops', 'best')
-
-
-@pytest.mark.parametrize('causal', [False, True])
-def test_xla_rows_evaluates_one_row_at_a_time(causal, monkeypatch):
-  # `implementation='xla_rows'` (lra_msmra/kernels/cpu_rows.py): evaluated
-  # without differentiation on CPU, the layer runs one batch row at a time;
-  # differentiated, the whole batch, as 'xla' does. As in a process with
-  # one CPU device (the tests have 8: tests/kernels/test_cpu_rows.py).
-  monkeypatch.setattr(cpu_rows, 'one_cpu_device', lambda: True)
-  layer = LongShortAttention(num_heads=2, qkv_features=16, window_size=4,
-                             num_landmarks=3, causal=causal, use_bias=True,
-                             chunk_size=4 if causal else None,
-                             implementation='xla_rows')
-  whole_layer = layer.clone(implementation='xla')
-  x = jax.random.normal(jax.random.PRNGKey(0), (3, 24, 16))
-  mask = jnp.arange(24)[None, :] < jnp.array([[24], [17], [9]])
-  params = layer.init(jax.random.PRNGKey(1), x, padding_mask=mask)
-  evaluate = lambda p, x: layer.apply(p, x, padding_mask=mask)
-  loss = lambda p, x: jnp.sum(jnp.sin(evaluate(p, x)))
-  text = jax.jit(evaluate).trace(params, x).lower(
-      lowering_platforms=('cpu',)).as_text()
-  assert 'stablehlo.while' in text
-  rows = jax.jit(evaluate)(params, x)
-  grads = jax.jit(jax.grad(loss, (0, 1)))(params, x)
-  whole = jax.jit(lambda p, x: whole_layer.apply(p, x, padding_mask=mask))(
-      params, x)
-  # Up to float32 rounding: XLA:CPU may sum along the sequence in another
-  # order for one row than for the batch (the same bits at this size).
-  np.testing.assert_allclose(rows, whole, rtol=1e-6, atol=1e-6)
-  assert not np.any(np.asarray(rows)[~np.asarray(mask)])
-  want = jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.sin(
-      whole_layer.apply(p, x, padding_mask=mask))), (0, 1)))(params, x)
-  jax.tree.map(np.testing.assert_array_equal, grads, want)
