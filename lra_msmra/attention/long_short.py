@@ -72,7 +72,6 @@ import jax.numpy as jnp
 from lra_msmra.attention import base
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import long_short as fused
-from lra_msmra.kernels import xla_layout
 
 Array = jax.Array
 
@@ -115,16 +114,10 @@ def _layer_norm_fwd(x, scale, bias):
 def _layer_norm_bwd(residuals, d_y):
   # Keep XLA from merging the recomputation of x_hat with the forward
   # pass's: merged, the centred input and a full-size broadcast of inv_std
-  # would stay live from the forward pass to the backward one. The barrier
-  # does that where the backend keeps it (TPU, GPU); XLA's CPU backend drops
-  # optimization barriers, so the statistics are also made to depend on d_y
-  # (`xla_layout.after`, row by row), which only exists in the backward
-  # pass. That saves 32 MiB of temporary memory at N = 4096, D = 256, batch
-  # 4.
+  # would stay live from the forward pass to the backward one.
   (x, scale, mean, inv_std), d_y = jax.lax.optimization_barrier(
       (residuals, d_y))
   rows = tuple(range(x.ndim - 2))
-  mean, inv_std = xla_layout.after(d_y, mean, inv_std)
   x_hat = (x.astype(jnp.float32) - mean) * inv_std
   d_y = d_y.astype(jnp.float32)
   d_hat = d_y * scale

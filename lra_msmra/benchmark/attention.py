@@ -333,15 +333,15 @@ def _jax_call(mode: str, forward: Callable[..., Any], params, x, mask, g
   """The function a JAX point times (`mode` fwd or fwd_bwd) and its
   arguments, for `forward(params, x, mask)`."""
   import jax  # pylint: disable=g-import-not-at-top
-  from lra_msmra.kernels import xla_layout  # pylint: disable=g-import-not-at-top
 
   def forward_backward(params, x, mask, g):
     y, pullback = jax.vjp(lambda p, x: forward(p, x, mask), params, x)
     # In training the cotangent comes from the loss, after the whole forward
     # pass. A cotangent that is just an input would let XLA start the
     # backward pass early and hold its buffers through the forward pass, so
-    # it is made to depend on the output (the values are unchanged).
-    g, = xla_layout.after(y, g)
+    # it is ordered after the output (XLA's CPU backend drops this
+    # barrier; the CPU is not a speed target).
+    y, g = jax.lax.optimization_barrier((y, g))
     return y, pullback(g)
 
   if mode == 'fwd':

@@ -24,7 +24,6 @@ The modules here hold the others and the pieces they share:
   global attention among slice embeddings as calls of `flash`.
 * `combiner`: `'pallas'` of `combiner` (fixed, axial, mixture), direct
   keys and span summaries under one softmax through `flash`.
-* `xla_layout`: how the `'xla'` code arranges its memory (`after`).
 * `long_short`: `'pallas'` of `long_short`, its attention core (window
   keys and landmarks under one softmax) as one call of `flash`.
 * `adamra`: `'pallas'` of `adamra`, its query side (each query's routed
