@@ -18,7 +18,7 @@ import math
 from typing import Any, Callable, Iterator
 
 
-def _sub_jaxprs(value: Any) -> Iterator[Any]:
+def sub_jaxprs(value: Any) -> Iterator[Any]:
   """Jaxprs inside an equation parameter (ClosedJaxpr, Jaxpr or sequences)."""
   if hasattr(value, 'eqns'):
     yield value
@@ -26,7 +26,7 @@ def _sub_jaxprs(value: Any) -> Iterator[Any]:
     yield value.jaxpr
   elif isinstance(value, (tuple, list)):
     for v in value:
-      yield from _sub_jaxprs(v)
+      yield from sub_jaxprs(v)
 
 
 def _eqn_flops(eqn: Any) -> int:
@@ -60,7 +60,7 @@ def jaxpr_flops(jaxpr: Any, notes: set[str]) -> int:
       branches = eqn.params['branches']
       total += max(jaxpr_flops(b, notes) for b in branches)
       continue
-    subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
+    subs = [j for v in eqn.params.values() for j in sub_jaxprs(v)]
     if not subs:
       continue
     times = eqn.params.get('length', 1) if name == 'scan' else 1

@@ -181,11 +181,6 @@ def _leaves(tree: Any) -> list[Any]:
   return jax.tree_util.tree_leaves(tree)
 
 
-def _sub_jaxprs(value: Any):
-  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
-  return flops_lib._sub_jaxprs(value)  # pylint: disable=protected-access
-
-
 def local_config(config, devices: int):
   """The config of one device's share: batch sizes divided by `devices`.
 
@@ -236,9 +231,10 @@ def saved_activations(steps: Steps) -> list[Any]:
 
 def largest_intermediate(jaxpr: Any) -> tuple[int, str]:
   """Bytes and description of the largest array a jaxpr computes."""
+  from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
   best = (0, '')
   for eqn in getattr(jaxpr, 'jaxpr', jaxpr).eqns:
-    subs = [j for v in eqn.params.values() for j in _sub_jaxprs(v)]
+    subs = [j for v in eqn.params.values() for j in flops_lib.sub_jaxprs(v)]
     # The outputs of a call-like wrapper are computed inside it; a loop's
     # stacked outputs are its own.
     if not subs or eqn.primitive.name in ('scan', 'while'):

@@ -39,9 +39,10 @@ quadratic in N with the constant r / l, as in the official code. The memory
 layout (not the function) is explained next to the code: the window tiles
 and the joint softmax in `_attend`, its recomputation in the backward pass
 in `_attend_recomputed`, DualLN's backward pass in `_layer_norm` and
-`_layer_norm_bwd`. `implementation='pallas'` runs the attention core (`_attend`) as one fused
-Pallas flash attention, forward and backward (`lra_msmra.kernels.long_short`;
-it sows no `probs`, and its dropout mask is the kernel's).
+`_layer_norm_bwd`. `implementation='pallas'` runs the attention core
+(`_attend`) as one fused Pallas flash attention, forward and backward
+(`lra_msmra.kernels.long_short`; it sows no `probs`, and its dropout mask is
+the kernel's).
 
 Intermediates (`mutable=['intermediates']`): `projection` (P; bidirectional
 `[B, N, H, r]`, causal `[B, chunks, l, H, r]`), `compressed_keys` (LN_G(K̄);

@@ -288,7 +288,7 @@ def split_examples(examples: list[Example], difficulty: str
   n = len(examples)
   out = {}
   for name, (lo, hi) in SPLIT_PERCENTS.items():
-    a, b = (splits.percent_boundary(lo, n), splits.percent_boundary(hi, n))
+    a, b = splits.percent_boundary(lo, n), splits.percent_boundary(hi, n)
     out[name] = [examples[i] for i in order[a:b]]
   return out
 
