@@ -4,7 +4,6 @@ r"""Compiles a config's train and eval steps for TPUs and GPUs, on a CPU.
       --target v5e:4x4 [--target h200:8 ...] [--config.KEY=VALUE ...] \
       [--dtype bfloat16] [--implementation pallas] [--per_device_batch N] \
       [--max_batch_search N] [--jobs N] [--out FILE] [--require_fit]
-  python -m lra_msmra_tools.compile --fits_table [--out FILE] [--cache FILE]
 
 For every target (`lra_msmra_tools.targets`: `v5e:2x2`, `v5e-4`, `v4-8`,
 `v5p:2x2x1`, `v6e:4x4`, `h100:8`, `h200:2x8`, ...) the trainer's jitted train
@@ -52,9 +51,9 @@ missing compile package and a config that does not fit each print one line
 for errors and failed compiles, and for configs that do not fit only with
 `--require_fit`.
 
-`--fits_table` compiles every task's full-size config for cst, long_short,
-adamra, combiner_axial and softmax on v5e-4, v4-8, v5p-8, 8 H100s and 8
-H200s, resumably (`lra_msmra_tools.fits`).
+The "Where it fits" table of every task's full-size config on v5e-4, v4-8,
+v5p-8, 8 H100s and 8 H200s is a command of its own built on this one:
+`python -m lra_msmra_tools.fits`.
 """
 
 from __future__ import annotations
@@ -888,7 +887,7 @@ def versions() -> str:
   return ', '.join(parts)
 
 
-def command_line(argv: Sequence[str]) -> str:
+def command_line(argv: Sequence[str], prog: str = PROG) -> str:
   """The command as typed, less where it writes its files."""
   shown, skip = [], False
   for arg in argv:
@@ -901,7 +900,7 @@ def command_line(argv: Sequence[str]) -> str:
     if arg.startswith(('--out=', '--cache=', '--jobs=')):
       continue
     shown.append(shlex.quote(arg))
-  return ' '.join([PROG] + shown)
+  return ' '.join([prog] + shown)
 
 
 def write_outputs(path: str, text: str, results: Any) -> str:
@@ -916,26 +915,14 @@ def write_outputs(path: str, text: str, results: Any) -> str:
 # -------------------------------------------------------------- the command
 
 
-def _define_flags(argv: Sequence[str]):
+def define_compile_flags(fv) -> None:
+  """The flags that say how a cell compiles: shared with `fits`."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file(
-      'config', None, 'Config file, optionally with :options, as the '
-      'trainer takes it; --config.KEY=VALUE overrides work.',
-      flag_values=fv, lock_config=False, sys_argv=list(argv))
-  flags.DEFINE_multi_string('target', [], 'Target to compile for (repeat '
-                            'for several): v5e:2x2, v5e-4, v4-8, v5p:2x2x1, '
-                            'v6e:4x4, h100, h100:8, h200:2x8, ...',
-                            flag_values=fv)
   flags.DEFINE_enum('dtype', None, ['float32', 'bfloat16'],
                     'Activation dtype (config.model.dtype).', flag_values=fv)
   flags.DEFINE_string('implementation', None, 'Attention implementation '
                       '(config.model.attention_kw.implementation): xla, '
                       'pallas, ...', flag_values=fv)
-  flags.DEFINE_integer('per_device_batch', None, 'Set the global train and '
-                       'eval batch to this many examples per device.',
-                       flag_values=fv, lower_bound=1)
   flags.DEFINE_integer('max_batch_search', DEFAULT_MAX_BATCH_SEARCH,
                        'At most this many extra compiles of the training '
                        'step to find the largest per-device batch that '
@@ -950,32 +937,33 @@ def _define_flags(argv: Sequence[str]):
   flags.DEFINE_string('out', None, 'Also write the table (markdown) to this '
                       'file and every figure to the same name with .json.',
                       flag_values=fv)
-  flags.DEFINE_bool('require_fit', False, 'Exit with status 3 when a cell '
-                    'does not fit.', flag_values=fv)
   flags.DEFINE_bool('kernel_stats', True, 'GPU targets with Pallas kernels: '
                     'report each kernel\'s shared memory, registers and '
                     'spills.', flag_values=fv)
   flags.DEFINE_bool('verbose', False, 'Show the compilers\' own logs.',
                     flag_values=fv)
-  flags.DEFINE_bool('fits_table', False, 'Compile the "Where it fits" table '
-                    '(lra_msmra_tools.fits) instead of --config.',
-                    flag_values=fv)
-  flags.DEFINE_string('cache', None, '--fits_table: JSON file of finished '
-                      'cells, so that an interrupted run resumes (default: '
-                      'beside --out, else fits_cache.json).', flag_values=fv)
-  flags.DEFINE_list('tasks', None, '--fits_table: only these tasks.',
-                    flag_values=fv)
-  flags.DEFINE_list('mechanisms', None, '--fits_table: only these config '
-                    'files (cst, long_short, adamra, combiner_axial, '
-                    'transformer).', flag_values=fv)
-  flags.DEFINE_list('columns', None, '--fits_table: only these targets.',
-                    flag_values=fv)
-  flags.DEFINE_bool('cached_only', False, '--fits_table: compile nothing; '
-                    'the table of the cells already in --cache (a table '
-                    'still under way).', flag_values=fv)
-  flags.DEFINE_string('doc', None, '--fits_table: also put the section '
-                      'between the fits-table markers of this file (e.g. '
-                      'docs/scaling.md).', flag_values=fv)
+
+
+def _define_flags(argv: Sequence[str]):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+      'config', None, 'Config file, optionally with :options, as the '
+      'trainer takes it; --config.KEY=VALUE overrides work.',
+      flag_values=fv, lock_config=False, sys_argv=list(argv))
+  flags.DEFINE_multi_string('target', [], 'Target to compile for (repeat '
+                            'for several): v5e:2x2, v5e-4, v4-8, v5p:2x2x1, '
+                            'v6e:4x4, h100, h100:8, h200:2x8, ...',
+                            flag_values=fv)
+  flags.DEFINE_integer('per_device_batch', None, 'Set the global train and '
+                       'eval batch to this many examples per device.',
+                       flag_values=fv, lower_bound=1)
+  flags.DEFINE_bool('require_fit', False, 'Exit with status 3 when a cell '
+                    'does not fit.', flag_values=fv)
+  flags.DEFINE_bool('fits_table', False, 'Moved: the "Where it fits" table '
+                    'is `python -m lra_msmra_tools.fits`.', flag_values=fv)
+  define_compile_flags(fv)
   return fv
 
 
@@ -985,10 +973,12 @@ def fail(message: str, status: int = 1) -> int:
   return status
 
 
-def parse_flags(argv: Sequence[str]):
-  """The flags, or a one-line error (ValueError)."""
+def parse_flags(argv: Sequence[str], define: Callable[[Sequence[str]], Any]
+                = _define_flags):
+  """The flags `define(argv)` defines, parsed, or a one-line error
+  (ValueError)."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  fv = _define_flags(argv)
+  fv = define(argv)
   try:
     fv(list(argv))
   except flags.Error as e:
@@ -1031,10 +1021,10 @@ def main(argv: Sequence[str]) -> int:
   except ValueError as e:
     return fail(str(e))
   if fv.fits_table:
-    from lra_msmra_tools import fits  # pylint: disable=g-import-not-at-top
-    return fits.main(fv, argv)
+    return fail('the "Where it fits" table is a command of its own: python '
+                '-m lra_msmra_tools.fits (the same flags, less --fits_table).')
   if fv['config'].value is None:
-    return fail('--config FILE[:OPTIONS] is required (or --fits_table).')
+    return fail('--config FILE[:OPTIONS] is required.')
   if not fv.target:
     return fail('give at least one --target, e.g. --target v5e:2x2 or '
                  '--target h100:8.')

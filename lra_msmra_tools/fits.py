@@ -1,6 +1,6 @@
 r"""The "Where it fits" table of docs/scaling.md, compiled on a CPU.
 
-  python -m lra_msmra_tools.compile --fits_table --out fits.md \
+  python -m lra_msmra_tools.fits --out fits.md \
       [--cache fits_cache.json] [--tasks listops,pathx] \
       [--mechanisms cst,transformer] [--columns v5e-4,h100:8] \
       [--max_batch_search N] [--dtype bfloat16] [--jobs N] \
@@ -160,9 +160,41 @@ def replace_in_doc(path: str, text: str, start: str = START,
     f.write(f'{head}{start}\n{text}\n{end}{tail}')
 
 
-def main(fv, argv: Sequence[str]) -> int:
-  """`compile --fits_table` (flags from `compile._define_flags`)."""
+PROG = 'python -m lra_msmra_tools.fits'
+
+
+def _define_flags(argv: Sequence[str]):
+  """The table's flags, and those of `compile` that say how a cell
+  compiles."""
+  del argv  # The table takes no --config.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  compile_lib.define_compile_flags(fv)
+  flags.DEFINE_string('cache', None, 'JSON file of finished cells, so that '
+                      'an interrupted run resumes (default: beside --out, '
+                      'else fits_cache.json).', flag_values=fv)
+  flags.DEFINE_list('tasks', None, f'Only these tasks: {", ".join(TASKS)}.',
+                    flag_values=fv)
+  flags.DEFINE_list('mechanisms', None, 'Only these config files: '
+                    f'{", ".join(MECHANISMS)}.', flag_values=fv)
+  flags.DEFINE_list('columns', None, 'Only these targets (default: '
+                    f'{", ".join(t for t, _ in COLUMNS)}).', flag_values=fv)
+  flags.DEFINE_bool('cached_only', False, 'Compile nothing; the table of the '
+                    'cells already in --cache (a table still under way).',
+                    flag_values=fv)
+  flags.DEFINE_string('doc', None, 'Also put the section between the '
+                      'fits-table markers of this file (e.g. '
+                      'docs/scaling.md).', flag_values=fv)
+  return fv
+
+
+def main(argv: Sequence[str]) -> int:
   from lra_msmra import scaling  # pylint: disable=g-import-not-at-top
+  targets.prepare_environment()
+  try:
+    fv = compile_lib.parse_flags(argv, _define_flags)
+  except ValueError as e:
+    return compile_lib.fail(str(e))
   tasks = fv.tasks or list(TASKS)
   mechanisms = fv.mechanisms or list(MECHANISMS)
   wanted = fv.columns or [t for t, _ in COLUMNS]
@@ -233,7 +265,8 @@ def main(fv, argv: Sequence[str]) -> int:
   text = section(rows, columns, cells,
                  compile_lib.command_line(
                      [a for a in argv[1:] if a not in ('--cached_only',
-                                                       '--cached_only=true')]),
+                                                       '--cached_only=true')],
+                     PROG),
                  settings)
   print(text, flush=True)
   if fv.out:
@@ -242,3 +275,8 @@ def main(fv, argv: Sequence[str]) -> int:
   if fv.doc:
     replace_in_doc(fv.doc, text)
   return 0
+
+
+if __name__ == '__main__':
+  targets.prepare_environment()
+  sys.exit(main(sys.argv))

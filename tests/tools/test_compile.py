@@ -406,7 +406,7 @@ def test_fits_cells_are_cached_and_resumed(tmp_path):
   cache.write_text(json.dumps({key: cell}))
   out = tmp_path / 'fits.md'
   run = subprocess.run(
-      [sys.executable, '-m', 'lra_msmra_tools.compile', '--fits_table',
+      [sys.executable, '-m', 'lra_msmra_tools.fits',
        '--tasks', 'listops', '--mechanisms', 'cst', '--columns', 'h100:8',
        '--max_batch_search', '1', '--cache', str(cache), '--out', str(out)],
       cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
@@ -493,6 +493,21 @@ def test_bad_config_override_is_one_line():
                  'h100', '--config.no_such_key=1', timeout=300)
   assert run.returncode == 1
   assert 'no_such_key' in _error_line(run)
+
+
+def test_fits_table_flag_names_its_own_command():
+  run = _compile('--fits_table', timeout=300)
+  assert run.returncode == 1
+  assert 'python -m lra_msmra_tools.fits' in _error_line(run)
+
+
+def test_fits_command_refuses_an_unknown_task_in_one_line():
+  run = subprocess.run(
+      [sys.executable, '-m', 'lra_msmra_tools.fits', '--tasks', 'listops,cifar',
+       '--cached_only'], cwd=ROOT, capture_output=True, text=True,
+      check=False, timeout=300, env=_user_env())
+  assert run.returncode == 1
+  assert _error_line(run).startswith("error: --tasks: unknown ['cifar']")
 
 
 @pytest.fixture(scope='module')
