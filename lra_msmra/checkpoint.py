@@ -256,3 +256,81 @@ def load_checkpoint(workdir: str, which: Union[str, int] = 'best'
     return config, model, restored.state.params
   finally:
     ckpt.close()
+
+
+# ------------------------------------------- starting from a pretrained run
+
+RESULTS_FILE = 'results.json'
+
+
+def pretraining_record(workdir: str) -> dict[str, Any]:
+  """What a fine-tuning run records of the run it starts from
+  (results.json's `pretraining`): objective, masking, steps, the source
+  workdir and its final validation loss and accuracy (per token for a
+  pretraining objective).
+
+  Raises:
+    ValueError: `workdir` holds no finished run.
+  """
+  path = os.path.join(workdir, RESULTS_FILE)
+  if not os.path.exists(path):
+    raise ValueError(
+        f'config.init_from={workdir}: no {RESULTS_FILE} there, so no '
+        'finished run to start from. Finish that run first (rerun its '
+        'command: it resumes), or fix the path.')
+  with open(path) as f:
+    results = json.load(f)
+  config = results.get('config', {})
+  objective = config.get('objective', 'classify')
+  record = {'objective': objective, 'workdir': os.path.abspath(workdir),
+            'steps': results['final']['step'],
+            'final_val_loss': results['final']['val_loss'],
+            'final_val_accuracy': results['final']['val_accuracy']}
+  if objective == 'masked':
+    record['masking'] = dict(config.get('masking', {}))
+  return record
+
+
+def pretrained_encoder(workdir: str, target: Any) -> Any:
+  """The encoder parameters of the run in `workdir` (its newest
+  checkpoint), as a tree shaped like `target`, this run's encoder
+  parameters.
+
+  A masked-objective run's token table has one row more, the mask token's;
+  it is dropped. Any other difference of keys or shapes is refused.
+
+  Raises:
+    ValueError: one line naming the workdir and the keys that differ.
+  """
+  pretraining_record(workdir)  # A finished run, or one clear line.
+  config, _, params = load_checkpoint(workdir, 'latest')
+  if 'encoder' not in params:
+    raise ValueError(f'config.init_from={workdir}: its parameters have no '
+                     "'encoder' (top-level keys: {sorted(params)}).")
+  flat = {'/'.join(str(getattr(k, 'key', k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(
+              params['encoder'])}
+  wanted = jax.tree_util.tree_leaves_with_path(target)
+  names = ['/'.join(str(getattr(k, 'key', k)) for k in path)
+           for path, _ in wanted]
+  if config.get('objective', 'classify') == 'masked':
+    embed = flat.get('embed/embedding')
+    if embed is not None:
+      flat['embed/embedding'] = embed[:-1]  # The mask token's row.
+  missing = [n for n in names if n not in flat]
+  unexpected = sorted(set(flat) - set(names))
+  shapes = [f'{n} {tuple(flat[n].shape)} → {tuple(leaf.shape)}'
+            for n, (_, leaf) in zip(names, wanted)
+            if n in flat and tuple(flat[n].shape) != tuple(leaf.shape)]
+  if missing or unexpected or shapes:
+    parts = ([f'missing {missing}'] if missing else []) + (
+        [f'not in this model {unexpected}'] if unexpected else []) + (
+            [f'shapes (there → here) {shapes}'] if shapes else [])
+    raise ValueError(
+        f'config.init_from={workdir}: its encoder does not fit this '
+        f'config\'s: {"; ".join(parts)}. Fine-tune with the same task and '
+        'config.model as the pretraining run.')
+  leaves = [jax.numpy.asarray(flat[n], leaf.dtype)
+            for n, (_, leaf) in zip(names, wanted)]
+  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target),
+                                      leaves)

@@ -8,6 +8,9 @@ Config files live in `configs/<task>/` and expose `get_config(arg)`, where
 * `xiong`: the PyTorch protocol of Xiong et al. (Nyströmformer),
   docs/protocol.md §8.
 * `cst`: the re-tuned protocol of the CST paper, docs/protocol.md §9.1.
+* `spt`: self-pretraining on the task's own inputs (masked tokens), the
+  first of the two runs of docs/pretraining.md; the second fine-tunes the
+  same config without `spt` from it (`--config.init_from=WORKDIR`).
 
 Without a protocol option a config is the official LRA one (docs/protocol.md
 §5).
@@ -21,6 +24,8 @@ Shape of a config (batch sizes are global, across all devices and hosts)::
   eval_every_steps, num_eval_steps, log_every_steps,
   checkpoint_every_steps, max_checkpoints_to_keep
   optimizer.*, schedule.*                 see lra_msmra.optim
+  objective, masking.*, init_from         self-pretraining and fine-tuning
+                                          (lra_msmra.objectives)
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ PROTOCOLS = ('lra', 'xiong', 'cst')
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
 # Mechanism names that stand for a config file of another name.
 CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
-OPTIONS = ('runlocal',) + PROTOCOLS[1:]
+OPTIONS = ('runlocal', 'spt') + PROTOCOLS[1:]
 DTYPES = ('float32', 'bfloat16')
 
 
@@ -145,7 +150,33 @@ def default_config() -> ml_collections.ConfigDict:
 
   c.optimizer = lra_optimizer(weight_decay=0.1)
   c.schedule = factor_schedule(0.05, 1000)
+
+  # What the run trains for (lra_msmra.objectives): 'classify' (the labels),
+  # or self-pretraining on the task's inputs, 'masked' or 'causal'.
+  c.objective = 'classify'
+  # The masked objective: share of real tokens masked, in runs of `span`.
+  c.masking = ml_collections.ConfigDict(dict(rate=0.15, span=1))
+  # Workdir of a finished run whose encoder this run starts from (its
+  # latest checkpoint); the classifier head and optimizer state are new.
+  c.init_from = ''
   return c
+
+
+def apply_spt(c: ml_collections.ConfigDict, *, mask_rate: float = 0.15
+              ) -> None:
+  """The `spt` option: self-pretraining with the masked objective on the
+  task's own training inputs (Amos et al., docs/pretraining.md), for as
+  many steps and with the same optimizer and schedule as the task's
+  training. Fine-tuning is the same config without `spt`, with
+  `--config.init_from=` this run's workdir.
+
+  Args:
+    c: config to modify in place (after `apply_runlocal`).
+    mask_rate: share of real tokens masked: 0.15 for text-like tasks (BERT),
+      0.5 for pixels (Amos et al.'s LRA image setting).
+  """
+  c.objective = 'masked'
+  c.masking.rate = mask_rate
 
 
 def lra_optimizer(weight_decay: float, grad_clip_norm: float = 0.0

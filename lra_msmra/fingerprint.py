@@ -38,7 +38,12 @@ IGNORED_KEYS = ('seed', 'data_dir', 'data.generate', 'data.generator',
 # 'xla_rows', in runs recorded before it was removed (2026-11-29), the same
 # code one batch row at a time (the same values up to float32 rounding,
 # like eval_batch_size above).
-IMPLICIT_DEFAULTS = {'model.attention_kw.implementation': ('xla', 'xla_rows')}
+# `objective`, `masking.*`, `init_from` (self-pretraining,
+# lra_msmra.objectives): every run before them classified from random
+# initialisation.
+IMPLICIT_DEFAULTS = {'model.attention_kw.implementation': ('xla', 'xla_rows'),
+                     'objective': ('classify',), 'masking.rate': (0.15,),
+                     'masking.span': (1,), 'init_from': ('',)}
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = '') -> dict[str, Any]:

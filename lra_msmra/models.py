@@ -24,7 +24,7 @@ Two initialisation styles are available:
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
 from flax.core import FrozenDict
@@ -35,6 +35,7 @@ import numpy as np
 
 from lra_msmra import attention as attention_lib
 from lra_msmra import config_lib
+from lra_msmra import objectives
 
 Array = jax.Array
 
@@ -334,6 +335,48 @@ class DualEncoderClassifier(nn.Module):
                           self.encoder.init_style, name='head')(features)
 
 
+class TokenPredictor(nn.Module):
+  """Self-pretraining: the encoder predicts the task's own tokens
+  (`lra_msmra.objectives`), through a linear head over the token table.
+
+  Called like the classifiers, with a batch; returns (logits `[rows,
+  length, vocab_size]`, targets `[rows, length]`, token weights `[rows,
+  length]`), where Retrieval's two documents are rows of their own and an
+  evaluation batch's example weights multiply its token weights. The
+  masked objective draws its masks from the `'masking'` RNG stream.
+  """
+  encoder: Encoder
+  objective: str
+  vocab_size: int
+  mask_rate: float
+  mask_span: int
+  dual: bool
+
+  @nn.compact
+  def __call__(self, batch: Mapping[str, Array], *, deterministic: bool
+               ) -> tuple[Array, Array, Array]:
+    ids = batch['inputs']
+    example_weights = batch.get('weights')
+    if example_weights is None:
+      example_weights = jnp.ones(ids.shape[:1], jnp.float32)
+    if self.dual:
+      ids = jnp.concatenate([ids, batch['inputs2']], axis=0)
+      example_weights = jnp.concatenate([example_weights] * 2, axis=0)
+    real = ids > 0 if self.encoder.mask_padding else jnp.ones(ids.shape, bool)
+    if self.objective == 'masked':
+      inputs, targets, weights = objectives.masked_inputs(
+          self.make_rng('masking'), ids, real, rate=self.mask_rate,
+          span=self.mask_span, mask_id=self.vocab_size)
+    else:
+      inputs, targets, weights = objectives.causal_targets(ids, real)
+    x, _ = self.encoder(inputs, deterministic=deterministic)
+    if self.encoder.use_cls:
+      x = x[:, 1:]
+    logits = nn.Dense(self.vocab_size, name='token_head')(
+        x.astype(jnp.float32))
+    return logits, targets, weights * example_weights[:, None]
+
+
 # The keys of config.model (also fields of `Encoder`) that set its attention.
 ATTENTION_KEYS = ('attention', 'attention_kw', 'num_heads', 'qkv_dim',
                   'attention_dropout_rate', 'causal', 'dtype',
@@ -426,6 +469,30 @@ def check_config(m: Mapping[str, Any]) -> None:
                      f'({cls.__name__}): {e}') from None
 
 
+def check_objective(m: Mapping[str, Any], objective: str) -> None:
+  """Checks that `config.model` can be trained with `config.objective`:
+  the causal objective needs the mechanism's causal form.
+
+  Raises:
+    ValueError: naming the mechanism and the masked objective.
+  """
+  if objective != 'causal' or m['causal']:
+    return
+  causal = dict(m, causal=True, pooling='MEAN')  # No classifier is built.
+  try:
+    check_config(causal)
+  except (ValueError, NotImplementedError) as e:
+    raise causal_refused(m, e) from None
+
+
+def causal_refused(m: Mapping[str, Any], error: Exception) -> ValueError:
+  """The error for a causal objective the mechanism has no form for."""
+  return ValueError(
+      f"config.objective='causal': the {m['attention']!r} attention with "
+      f'these knobs has no causal form ({error}). Pretrain it with '
+      "config.objective='masked' instead.")
+
+
 def unsupported(m: Mapping[str, Any], error: Exception) -> ValueError:
   """The error for a combination the mechanism has no form for."""
   cls = attention_mechanism(m).layer_class
@@ -439,8 +506,10 @@ def unsupported(m: Mapping[str, Any], error: Exception) -> ValueError:
 
 
 def create_model(model_config: Mapping[str, Any], *, vocab_size: int,
-                 num_classes: int, max_len: int, dual: bool) -> nn.Module:
-  """Builds the classifier described by `config.model` for a task.
+                 num_classes: int, max_len: int, dual: bool,
+                 objective: str = 'classify',
+                 masking: Optional[Mapping[str, Any]] = None) -> nn.Module:
+  """Builds the model described by `config.model` for a task.
 
   Args:
     model_config: `config.model` (see `lra_msmra.config_lib`).
@@ -448,11 +517,25 @@ def create_model(model_config: Mapping[str, Any], *, vocab_size: int,
     num_classes: number of labels.
     max_len: input length of the task (without CLS).
     dual: build the Retrieval dual encoder.
+    objective: `config.objective`: 'classify' builds the classifier,
+      'masked' and 'causal' a `TokenPredictor` over the same encoder (with
+      one token more, the mask, for 'masked'; causal attention for
+      'causal').
+    masking: `config.masking` (rate, span), for 'masked'.
   """
   cfg = model_config
   use_cls = cfg['pooling'] == 'CLS' and not dual
-  encoder = Encoder(vocab_size=vocab_size, max_len=max_len, use_cls=use_cls,
-                    **_encoder_fields(cfg))
+  fields = _encoder_fields(cfg)
+  if objective == 'causal':
+    fields['causal'] = True
+  encoder = Encoder(vocab_size=objectives.embedding_rows(objective,
+                                                         vocab_size),
+                    max_len=max_len, use_cls=use_cls, **fields)
+  if objective != 'classify':
+    masking = masking or {'rate': 0.15, 'span': 1}
+    return TokenPredictor(encoder=encoder, objective=objective,
+                          vocab_size=vocab_size, mask_rate=masking['rate'],
+                          mask_span=masking['span'], dual=dual)
   head_hidden = tuple(cfg['head_hidden'])
   if dual:
     return DualEncoderClassifier(

@@ -15,6 +15,10 @@ results.json's fields (docs/protocol.md §4.3 for the protocol behind them):
   trained), `train_seconds` (the training loop, evaluations included),
   `wall_seconds`, the model FLOPs of a training step, TFLOP/s per device and
   the MFU where the device's peak is known (`throughput`).
+* `objective` (self-pretraining runs: accuracy and loss are per predicted
+  token) and `pretraining` (runs that start from another run's encoder,
+  `config.init_from`: its objective, masking, steps, workdir and final
+  validation loss and accuracy).
 * Where the numbers come from: `data_notes`, `data_source`,
   `setting_fingerprint`, `launch`, `provenance` (code, versions, devices,
   and which devices trained which steps) and the whole `config`.
@@ -38,7 +42,7 @@ from lra_msmra import hardware
 from lra_msmra import metrics as metrics_lib
 from lra_msmra import provenance as provenance_lib
 
-RESULTS_FILE = 'results.json'
+RESULTS_FILE = checkpoint_lib.RESULTS_FILE
 
 
 class RunHistory:
@@ -184,9 +188,18 @@ class RunRecord:
         'wall_seconds': time.time() - self.start_time,
         'config': config_dict,
     }
+    if config.get('objective', 'classify') != 'classify':
+      # Accuracy and loss are per predicted token; no label is read.
+      results['objective'] = config.objective
+    if config.get('init_from'):
+      results['pretraining'] = checkpoint_lib.pretraining_record(
+          config.init_from)
     results.update(throughput(results, self.progress, self.peak,
                               self.history.devices))
-    results['warnings'] = learning_warnings(results)
+    # A pretraining run predicts tokens: the label frequencies say nothing
+    # of it.
+    results['warnings'] = ([] if 'objective' in results else
+                           learning_warnings(results))
     return results
 
   def write(self, tests: FinalEvaluation) -> dict[str, Any]:
@@ -196,8 +209,10 @@ class RunRecord:
     path = os.path.join(self.workdir, RESULTS_FILE)
     checkpoint_lib.write_json(path, results)
     reported = results['reported']
+    what = ('Test accuracy' if 'objective' not in results else
+            f'Test token accuracy ({results["objective"]} objective)')
     metrics_lib.log(
-        f'Test accuracy ({reported} checkpoint, step '
+        f'{what} ({reported} checkpoint, step '
         f'{results[reported]["step"]}): {results["test_accuracy"]:.4f} '
         f'(final {tests.final_test["accuracy"]:.4f}, best-validation '
         f'{tests.best_test["accuracy"]:.4f}; majority-class rate '

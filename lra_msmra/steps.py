@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from lra_msmra import models
+from lra_msmra import objectives
 from lra_msmra import optim
 from lra_msmra import sharding
 from lra_msmra.kernels import mesh as mesh_lib
@@ -74,8 +75,10 @@ def create_train_state(rng: jax.Array, model: nn.Module,
                        tx: optax.GradientTransformation,
                        batch: Mapping[str, Any]) -> TrainState:
   init_rng, dropout_rng, train_rng = jax.random.split(rng, 3)
-  variables = model.init({'params': init_rng, 'dropout': dropout_rng}, batch,
-                         deterministic=True)
+  # The masked objective's masks come from a stream of their own; the
+  # parameters depend on the 'params' stream only.
+  variables = model.init({'params': init_rng, 'dropout': dropout_rng,
+                          'masking': dropout_rng}, batch, deterministic=True)
   params = variables['params']
   return TrainState(step=jnp.zeros([], jnp.int32), params=params,
                     opt_state=tx.init(params), rng=train_rng)
@@ -105,12 +108,27 @@ def _sown_means(sown: Mapping[str, Any]) -> dict[str, jax.Array]:
   return out
 
 
+def _is_pretraining(model: nn.Module) -> bool:
+  return isinstance(model, models.TokenPredictor)
+
+
 def loss_fn(params: Any, batch: Mapping[str, jax.Array], rng: jax.Array, *,
             model: nn.Module) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Mean training loss of a (micro-)batch, with dropout, and its metrics."""
-  logits, sown = model.apply({'params': params}, batch, deterministic=False,
-                             rngs={'dropout': rng}, mutable=['metrics'])
-  m = compute_metrics(logits, batch['targets'])
+  """Mean training loss of a (micro-)batch, with dropout, and its metrics:
+  per example for a classifier, per predicted token for self-pretraining
+  (`models.TokenPredictor`)."""
+  if _is_pretraining(model):
+    dropout_rng, masking_rng = jax.random.split(rng)
+    (logits, targets, weights), sown = model.apply(
+        {'params': params}, batch, deterministic=False,
+        rngs={'dropout': dropout_rng, 'masking': masking_rng},
+        mutable=['metrics'])
+    m = compute_metrics(logits, targets, weights)
+  else:
+    logits, sown = model.apply({'params': params}, batch,
+                               deterministic=False, rngs={'dropout': rng},
+                               mutable=['metrics'])
+    m = compute_metrics(logits, batch['targets'])
   m.update(_sown_means(sown.get('metrics', {})))
   return m['loss_sum'] / m['count'], m
 
@@ -159,6 +177,11 @@ def train_step(state: TrainState, batch: Mapping[str, jax.Array], *,
 
 def eval_step(params: Any, batch: Mapping[str, jax.Array], *,
               model: nn.Module) -> dict[str, jax.Array]:
+  if _is_pretraining(model):
+    logits, targets, weights = model.apply(
+        {'params': params}, batch, deterministic=True,
+        rngs={'masking': jax.random.PRNGKey(objectives.EVAL_MASKING_SEED)})
+    return compute_metrics(logits, targets, weights)
   logits = model.apply({'params': params}, batch, deterministic=True)
   return compute_metrics(logits, batch['targets'], batch['weights'])
 
@@ -169,7 +192,9 @@ def eval_step(params: Any, batch: Mapping[str, jax.Array], *,
 def build(config: ml_collections.ConfigDict, spec: Mapping[str, Any]
           ) -> tuple[nn.Module, optax.GradientTransformation, optim.Schedule]:
   """Model, optimizer and schedule of a config for a task's `model_spec`."""
-  model = models.create_model(config.model, **spec)
+  model = models.create_model(
+      config.model, objective=config.get('objective', 'classify'),
+      masking=config.get('masking'), **spec)
   tx, schedule = optim.create_optimizer(config.optimizer, config.schedule,
                                         config.num_train_steps)
   return model, tx, schedule

@@ -609,6 +609,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str,
                               tx=tx, batch=steps_lib.example_batch(spec))
   start, state, meta = _restore_or_init(config, ckpt, abstract,
                                         state_sharding, init_fn)
+  if start == 0 and config.init_from:
+    state = _start_from(config.init_from, state, tx, state_sharding)
   num_params = models.count_params(state.params)
   metrics_lib.log(
       f'{config.task} / {config.model.attention} / protocol '
@@ -666,6 +668,25 @@ def _restore_or_init(config: ml_collections.ConfigDict,
   ckpt.drop_best_after(start)
   metrics_lib.log(f'Resumed from step {start} ({ckpt.latest.directory}).')
   return start, state, meta
+
+
+def _start_from(init_from: str, state: Any, tx: Any,
+                state_sharding: Any) -> Any:
+  """`state` with the encoder of the finished run in `init_from` and a new
+  optimizer state; the head keeps its initialisation (fine-tuning)."""
+  with errors.input_errors():
+    record = checkpoint_lib.pretraining_record(init_from)
+    encoder = checkpoint_lib.pretrained_encoder(init_from,
+                                                state.params['encoder'])
+  params = dict(state.params, encoder=encoder)
+  state = jax.jit(lambda s, p: s.replace(params=p, opt_state=tx.init(p)),
+                  out_shardings=state_sharding, donate_argnums=0)(state,
+                                                                  params)
+  metrics_lib.log(
+      f"Started the encoder from {record['workdir']} ({record['objective']}"
+      f", {record['steps']} steps, final validation loss "
+      f"{record['final_val_loss']:.4f}); new head and optimizer state.")
+  return state
 
 
 class _Evaluator:

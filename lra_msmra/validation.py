@@ -25,6 +25,7 @@ import ml_collections
 from lra_msmra import config_lib
 from lra_msmra import data as data_lib
 from lra_msmra import models
+from lra_msmra import objectives
 from lra_msmra import optim
 from lra_msmra import steps
 
@@ -52,6 +53,8 @@ def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
   """
   config_lib.check(config)
   models.check_config(config.model)
+  objectives.check(config)
+  models.check_objective(config.model, config.objective)
   optim.check_config(config.optimizer, config.schedule,
                      config.num_train_steps)
   spec = data_lib.get_model_spec(config)
@@ -62,6 +65,8 @@ def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
   try:
     abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
   except NotImplementedError as e:
+    if config.objective == 'causal':
+      raise models.causal_refused(m, e) from e
     raise models.unsupported(m, e) from e
   except (ValueError, TypeError) as e:
     raise ValueError(

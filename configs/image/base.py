@@ -1,6 +1,7 @@
 r"""Image base config: the official LRA setup (docs/protocol.md §5.4).
 
-Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
+Options (comma-separated): runlocal, spt, xiong, cst (see
+configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/image/transformer.py \
       --config.data_dir=/path/to/prepared --workdir DIR
@@ -72,4 +73,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
   if 'runlocal' in opts:
     config_lib.apply_runlocal(c, max_length=None)
     c.data.generator.num_train, c.data.generator.num_test = 2000, 500
+  if 'spt' in opts:
+    config_lib.apply_spt(c, mask_rate=0.5)
   return c

@@ -3,6 +3,9 @@ r"""ListOps base config: the official LRA setup (docs/protocol.md §5.1).
 Options after the file name (comma-separated):
   runlocal  short generated expressions and a small model: a few minutes on
             a 2-core CPU, no data needed.
+  spt       self-pretraining on the task's own inputs (masked tokens);
+            fine-tune afterwards with the same config without `spt` and
+            --config.init_from=PRETRAINING_WORKDIR (docs/pretraining.md).
   xiong     the PyTorch protocol of Xiong et al. (docs/protocol.md §8).
   cst       the CST paper's re-tuned protocol (docs/protocol.md §9.1).
 
@@ -72,4 +75,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
         num_train=6000, num_valid=500, num_test=500, min_length=20,
         max_length=100, max_depth=4, max_args=5, seed=0))
     c.num_train_steps = 1500
+  if 'spt' in opts:
+    config_lib.apply_spt(c)
   return c

@@ -1,6 +1,7 @@
 r"""Pathfinder (32x32, hard) base config: official LRA (docs/protocol.md §5.5).
 
-Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
+Options (comma-separated): runlocal, spt, xiong, cst (see
+configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/pathfinder/transformer.py \
       --config.data_dir=/path/to/prepared --workdir DIR
@@ -80,4 +81,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     # (docs/runlocal.md, "Pathfinder and Path-X on generated images").
     c.data.difficulty = 'easy'
     c.data.generator.num_examples = 3000
+  if 'spt' in opts:
+    config_lib.apply_spt(c, mask_rate=0.5)
   return c

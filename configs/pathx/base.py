@@ -1,6 +1,7 @@
 r"""Path-X base config: the official LRA setup (docs/protocol.md §5.6).
 
-Options: runlocal only (neither Xiong et al. nor the CST paper define Path-X).
+Options: runlocal and spt only (neither Xiong et al. nor the CST paper
+define Path-X).
 
   python -m lra_msmra.main --config configs/pathx/transformer.py \
       --config.data_dir=/path/to/prepared --workdir DIR
@@ -21,7 +22,7 @@ import ml_collections
 
 from lra_msmra import config_lib
 
-OPTIONS = ('runlocal',)
+OPTIONS = ('runlocal', 'spt')
 
 
 def get_config(arg=None) -> ml_collections.ConfigDict:
@@ -69,4 +70,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.data.resolution = 32
     c.data.difficulty = 'easy'
     c.data.generator.num_examples = 3000
+  if 'spt' in opts:
+    config_lib.apply_spt(c, mask_rate=0.5)
   return c

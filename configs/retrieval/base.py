@@ -1,6 +1,7 @@
 r"""Retrieval base config: the official LRA setup (docs/protocol.md §5.3).
 
-Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
+Options (comma-separated): runlocal, spt, xiong, cst (see
+configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/retrieval/transformer.py \
       --config.data_dir=/path/to/prepared --workdir DIR
@@ -79,4 +80,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.data.generator = ml_collections.ConfigDict(dict(
         num_train=2000, num_valid=200, num_test=200, seed=0))
     m.head_hidden = (128,) if 'xiong' in opts else (128, 64)
+  if 'spt' in opts:
+    config_lib.apply_spt(c)
   return c

@@ -1,6 +1,7 @@
 r"""Text (byte-level IMDb) base config: official LRA (docs/protocol.md §5.2).
 
-Options (comma-separated): runlocal, xiong, cst (see configs/listops/base.py).
+Options (comma-separated): runlocal, spt, xiong, cst (see
+configs/listops/base.py).
 
   python -m lra_msmra.main --config configs/text/transformer.py \
       --config.data_dir=/path/to/prepared --workdir DIR
@@ -76,4 +77,6 @@ def get_config(arg=None) -> ml_collections.ConfigDict:
     c.num_train_steps = 400
     c.eval_every_steps = c.checkpoint_every_steps = 100
     c.data.generator.num_train, c.data.generator.num_test = 2000, 500
+  if 'spt' in opts:
+    config_lib.apply_spt(c)
   return c
