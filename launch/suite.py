@@ -48,6 +48,15 @@ Every run is the main command, unchanged:
   state `launch/carry.py` held back for lack of room: it is skipped, counted
   as unfinished, and takes one of the `--jobs` (so a held run resumes once
   the runs ahead of it have finished).
+* `--spt` makes each (task, mechanism, seed) a self-pretraining job
+  (docs/pretraining.md): first the config with the `spt` option in
+  `<workdir>/pretrain`, then the config as it is, fine-tuned from it
+  (`--config.init_from=<workdir>/pretrain`), in `<workdir>` =
+  `<root>/<protocol>/<task>/<config>_spt/seed<k>`. The fine-tuning run
+  starts once its pretraining has finished (with `--jobs`, other runs go
+  meanwhile); when the pretraining fails, it is not started and counts as
+  failed. `--pretrain_override` passes `--config.key=value` to the
+  pretraining run only (e.g. `num_train_steps=500`).
 * At the end `python -m lra_msmra.results --runs <root>/<protocol> --out
   <root>/<protocol>/summary` writes the table and the bubble chart
   (`--benchmark` forwards a train_step.json for the chart's speed/memory).
@@ -82,6 +91,8 @@ STOP_GRACE_S = 60
 # With --jobs > 1, each run's stdout and stderr go to this file of its
 # workdir (appended to).
 LOG_FILE = 'run.log'
+# With --spt, the pretraining run's folder inside each job's workdir.
+PRETRAIN_DIR = 'pretrain'
 # The stub of a run whose state launch/carry.py held back: its workdir is
 # skipped (the state is where it was packed) and it takes one of --jobs.
 HELD_FILE = 'carry_held.json'
@@ -138,6 +149,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
       args.options)
   suffix = (':' + ','.join(options)) if options else ''
   bracket = factors(args.lr_bracket)
+  spt = getattr(args, 'spt', False)
   runs, missing = [], []
   for task in _split(args.tasks):
     for mech in _split(args.mechanisms):
@@ -150,21 +162,35 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
               if bracket != [1.0] else None)
       for factor in bracket:
         folder = stem if factor == 1 else f'{stem}_lr{_factor_label(factor)}x'
+        folder += '_spt' if spt else ''
         for seed in _split(args.seeds):
           workdir = os.path.join(args.root, args.protocol, task, folder,
                                  f'seed{int(seed)}')
-          cmd = [sys.executable, '-m', 'lra_msmra.main',
-                 '--config', config + suffix, '--workdir', workdir,
-                 f'--config.seed={int(seed)}']
-          if factor != 1:
-            key, value = base
-            cmd.append(f'--config.schedule.{key}={factor * value:.6g}')
-          if args.data_dir:
-            cmd.append(f'--config.data_dir={args.data_dir}')
-          cmd += [f'--config.{o}' for o in args.override]
-          if args.distributed:
-            cmd.append('--distributed')
-          runs.append((workdir, cmd))
+
+          def command(config_arg, where, extra=()):
+            cmd = [sys.executable, '-m', 'lra_msmra.main',
+                   '--config', config_arg, '--workdir', where,
+                   f'--config.seed={int(seed)}']
+            if factor != 1:
+              key, value = base
+              cmd.append(f'--config.schedule.{key}={factor * value:.6g}')
+            if args.data_dir:
+              cmd.append(f'--config.data_dir={args.data_dir}')
+            cmd += [f'--config.{o}' for o in args.override]
+            cmd += [f'--config.{o}' for o in extra]
+            if args.distributed:
+              cmd.append('--distributed')
+            return cmd
+
+          if spt:
+            pretrain = os.path.join(workdir, PRETRAIN_DIR)
+            runs.append((pretrain, command(
+                f'{config}:{",".join(options + ["spt"])}', pretrain,
+                args.pretrain_override)))
+            runs.append((workdir, command(
+                config + suffix, workdir, [f'init_from={pretrain}'])))
+          else:
+            runs.append((workdir, command(config + suffix, workdir)))
   if missing:
     raise SystemExit(f'Missing config files {missing}: check --tasks and '
                      '--mechanisms (names of files in configs/<task>/).')
@@ -210,6 +236,15 @@ class Outcome:
     return self.stopped + self.not_started
 
 
+def source_of(cmd: Sequence[str]) -> Optional[str]:
+  """The workdir a fine-tuning command starts from (its
+  `--config.init_from=`), or None."""
+  for arg in cmd:
+    if arg.startswith('--config.init_from='):
+      return arg.split('=', 1)[1] or None
+  return None
+
+
 def any_results(folder: str) -> bool:
   """Whether a results.json lies anywhere under `folder`."""
   return any('results.json' in files for _, _, files in os.walk(folder))
@@ -220,6 +255,36 @@ def begun_first(runs: list[tuple[str, list[str]]]
   """`runs` with those that have a checkpoints/ folder first (stable)."""
   return sorted(runs, key=lambda r: not os.path.isdir(
       os.path.join(r[0], 'checkpoints')))
+
+
+def _next_ready(pending: list[tuple[str, list[str]]], running: list[_Run],
+                outcome: Outcome, say: Callable[[str], None]
+                ) -> Optional[int]:
+  """The index of the first pending run that can start: one whose
+  pretraining run (`source_of`) has finished. Runs whose pretraining
+  failed or was not started leave `pending`, as failed or not started."""
+  i = 0
+  while i < len(pending):
+    workdir, cmd = pending[i]
+    source = source_of(cmd)
+    if source is None or os.path.exists(os.path.join(source,
+                                                     'results.json')):
+      return i
+    if source in outcome.failed or source in outcome.not_started:
+      pending.pop(i)
+      (outcome.failed if source in outcome.failed else
+       outcome.not_started).append(workdir)
+      say(f'not started {workdir}: its pretraining {source} did not finish')
+      continue
+    if not any(r.workdir == source for r in running) and not any(
+        w == source for w, _ in pending) and source not in outcome.stopped:
+      return i  # Not a run of this suite: the trainer says what is wrong.
+    if source in outcome.stopped:
+      pending.pop(i)
+      outcome.not_started.append(workdir)
+      continue
+    i += 1
+  return None
 
 
 def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
@@ -322,9 +387,17 @@ def execute(runs: Sequence[tuple[str, list[str]]], *, jobs: int = 1,
             say(f'not started {workdir}: under {min_start_s:g} s left')
           pending = []
           break
-        start(*pending.pop(0))
+        ready = _next_ready(pending, running, outcome, say)
+        if ready is None:
+          break
+        start(*pending.pop(ready))
       if running:
         time.sleep(poll_s)
+      elif pending and _next_ready(pending, running, outcome, say) is None:
+        # Nothing running and nothing that can start (a safety net: a run
+        # waits only on runs of the suite that are running).
+        outcome.not_started.extend(w for w, _ in pending)
+        break
   except KeyboardInterrupt:
     # Ctrl-C reached the runs too: let them save their checkpoints.
     for run in running:
@@ -359,6 +432,12 @@ def main(argv: Sequence[str]) -> int:
   p.add_argument('--lr_bracket', default='',
                  help='factors of each config\'s learning rate to run, '
                  'e.g. 0.5,1,2 (the CST paper\'s search)')
+  p.add_argument('--spt', action='store_true',
+                 help='self-pretraining: each job pretrains (the spt '
+                 'option) in <workdir>/pretrain, then fine-tunes from it')
+  p.add_argument('--pretrain_override', action='append', default=[],
+                 help='key=value passed to the pretraining runs only '
+                 '(repeatable), e.g. num_train_steps=500')
   p.add_argument('--distributed', action='store_true')
   p.add_argument('--benchmark', default='',
                  help='train_step.json for the bubble chart')
@@ -382,6 +461,8 @@ def main(argv: Sequence[str]) -> int:
   args = p.parse_args(argv)
   if args.jobs < 1:
     p.error('--jobs must be >= 1')
+  if args.pretrain_override and not args.spt:
+    p.error('--pretrain_override needs --spt')
   check_data(args)
   runs = plan(args)
   todo, held = [], []

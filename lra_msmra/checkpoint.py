@@ -30,6 +30,7 @@ from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
 
 from lra_msmra import metrics as metrics_lib
@@ -330,7 +331,8 @@ def pretrained_encoder(workdir: str, target: Any) -> Any:
         f'config.init_from={workdir}: its encoder does not fit this '
         f'config\'s: {"; ".join(parts)}. Fine-tune with the same task and '
         'config.model as the pretraining run.')
-  leaves = [jax.numpy.asarray(flat[n], leaf.dtype)
+  # On the host: the caller places them as its state is placed.
+  leaves = [np.asarray(jax.device_get(flat[n]), leaf.dtype)
             for n, (_, leaf) in zip(names, wanted)]
   return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target),
                                       leaves)

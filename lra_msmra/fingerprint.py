@@ -23,10 +23,12 @@ from typing import Any, Mapping
 # for eval_batch_size and grad_accum_steps), so runs that differ in them are
 # the same experiment. data.generate/data.generator are replaced by the
 # recorded data source, which says what the data actually was.
+# `init_from` is where the pretrained encoder was read: what it was is the
+# `pretraining.*` keys of a setting (`setting`).
 IGNORED_KEYS = ('seed', 'data_dir', 'data.generate', 'data.generator',
                 'log_every_steps', 'checkpoint_every_steps',
                 'max_checkpoints_to_keep', 'eval_batch_size',
-                'grad_accum_steps')
+                'grad_accum_steps', 'init_from')
 
 
 # Config keys added after runs were recorded, with the values that compute
@@ -88,15 +90,25 @@ def data_source_record(notes: Mapping[str, Any]) -> dict[str, Any]:
   return record
 
 
-def setting(config: Mapping[str, Any],
-            data_source: Mapping[str, Any]) -> dict[str, Any]:
+def setting(config: Mapping[str, Any], data_source: Mapping[str, Any],
+            pretraining: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """The flattened config without ignored keys and implicit defaults, plus
-  the data source."""
+  the data source and, for a run fine-tuned from a pretrained encoder, what
+  the pretraining was (results.json's `pretraining`: objective, masking,
+  steps; not where it ran)."""
   out = {k: v for k, v in flatten(without_implicit_defaults(config)).items()
          if not _ignored(k)}
   out.update({f'data_source.{k}': v
               for k, v in flatten(data_source).items()})
+  if pretraining:
+    out.update({f'pretraining.{k}': v for k, v in flatten(
+        {k: pretraining[k] for k in PRETRAINING_KEYS
+         if k in pretraining}).items()})
   return out
+
+
+# What of a pretraining record makes a setting (not its place or outcome).
+PRETRAINING_KEYS = ('objective', 'masking', 'steps')
 
 
 def fingerprint(values: Mapping[str, Any]) -> str:

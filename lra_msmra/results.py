@@ -87,7 +87,8 @@ def load_run(path: str) -> dict[str, Any]:
     # settings their data's call gave: same data, same record.
     run['data_source']['generator'] = data.generator_settings(
         run['task'], run['data_source']['generator'])
-  run['setting'] = fingerprint_lib.setting(config, run['data_source'])
+  run['setting'] = fingerprint_lib.setting(config, run['data_source'],
+                                           run.get('pretraining'))
   run['fingerprint'] = fingerprint_lib.fingerprint(run['setting'])
   return run
 
@@ -163,7 +164,8 @@ def label_runs(runs: Sequence[dict[str, Any]],
   attention name and its knobs.
   """
   for run in runs:
-    ours = _config_part(run['setting'])
+    ours = {k: v for k, v in _config_part(run['setting']).items()
+            if not k.startswith('pretraining.')}
     candidates = [
         (label, ref, official) for label, ref, official in
         official_settings(run['task'], run['protocol'], configs_root)
@@ -189,6 +191,27 @@ def label_runs(runs: Sequence[dict[str, Any]],
     knobs = ','.join(f'{k}={v}' for k, v in sorted(run['attention_kw'].items()))
     run['mechanism'] = run['attention'] + (f'[{knobs}]' if knobs else '')
     run['changes'] = ['no config file of this attention to compare with']
+  for run in runs:
+    if run.get('pretraining'):
+      run['mechanism'] += f' + {spt_label(run["pretraining"])}'
+      run['official'] = False
+
+
+def spt_label(record: Mapping[str, Any]) -> str:
+  """'SPT masked 15%, 750 steps' for a run fine-tuned from a pretrained
+  encoder (results.json's `pretraining`)."""
+  objective = record.get('objective', '?')
+  rate = (record.get('masking') or {}).get('rate')
+  span = (record.get('masking') or {}).get('span', 1)
+  what = objective + (f' {100 * rate:g}%' if rate is not None else '') + (
+      f' spans of {span}' if span and span > 1 else '')
+  return f'SPT {what}, {record.get("steps", "?")} steps'
+
+
+def is_pretraining(run: Mapping[str, Any]) -> bool:
+  """A self-pretraining run (its accuracy is per token, not a task
+  score): no table row; its fine-tuned runs name it."""
+  return run.get('objective', 'classify') != 'classify'
 
 
 # Schedule keys that hold the learning rate (those `launch/suite.py
@@ -947,7 +970,7 @@ def main(argv: Sequence[str]) -> None:
   if not run_dirs:
     raise SystemExit(f'No {RESULTS_FILE} or {METRICS_FILE} found under '
                      f'{args.runs}.')
-  runs = [load_run(p) for p in paths]
+  runs = [run for run in map(load_run, paths) if not is_pretraining(run)]
   label_runs(runs)
   rows = aggregate(runs + select_by_validation(runs))
   os.makedirs(args.out, exist_ok=True)

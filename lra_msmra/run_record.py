@@ -151,7 +151,10 @@ class RunRecord:
     reported = 'final' if config.protocol == 'lra' else 'best'
     majority_label, majority = majority_class(tests.label_counts)
     config_dict = json.loads(config.to_json())
-    run_setting = fingerprint_lib.setting(config_dict, self.data_record)
+    pretraining = (checkpoint_lib.pretraining_record(config.init_from)
+                   if config.get('init_from') else None)
+    run_setting = fingerprint_lib.setting(config_dict, self.data_record,
+                                          pretraining)
     results = {
         'task': config.task, 'attention': config.model.attention,
         'protocol': config.protocol, 'num_params': self.num_params,
@@ -191,9 +194,8 @@ class RunRecord:
     if config.get('objective', 'classify') != 'classify':
       # Accuracy and loss are per predicted token; no label is read.
       results['objective'] = config.objective
-    if config.get('init_from'):
-      results['pretraining'] = checkpoint_lib.pretraining_record(
-          config.init_from)
+    if pretraining:
+      results['pretraining'] = pretraining
     results.update(throughput(results, self.progress, self.peak,
                               self.history.devices))
     # A pretraining run predicts tokens: the label frequencies say nothing

@@ -41,7 +41,9 @@ def load(path, arg=None):
 def config_args(path):
   """Every combination of options the config's task base accepts."""
   base = config_lib.load_sibling(path, 'base')
-  protocols = [p for p in base.OPTIONS if p != 'runlocal']
+  # `spt` (self-pretraining) is validated with runlocal for every config by
+  # tests/test_pretraining.py, which also runs its steps.
+  protocols = [p for p in base.OPTIONS if p not in ('runlocal', 'spt')]
   args = [None] + protocols
   if 'runlocal' in base.OPTIONS:
     args += ['runlocal'] + [f'{p},runlocal' for p in protocols]
