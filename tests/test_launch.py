@@ -432,3 +432,49 @@ def test_gpu_stretch_generates_pathfinder(tmp_path):
 def test_gpu_stretch_errors(args, env, message):
   proc = stretch('--dry_run', *args, INSTALL_WHEELS='no', **env)
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_suite_spt_plan_pretrains_then_fine_tunes(tmp_path):
+  out = subprocess.run(
+      [sys.executable, os.path.join(LAUNCH, 'suite.py'), '--spt', '--options',
+       'runlocal', '--tasks', 'listops', '--mechanisms', 'cst', '--seeds',
+       '0', '--root', str(tmp_path), '--dry_run', '--pretrain_override',
+       'num_train_steps=10'], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr
+  pre, fine = [shlex.split(l) for l in out.stdout.splitlines()
+               if 'lra_msmra.main' in l]
+  job = str(tmp_path / 'lra' / 'listops' / 'cst_spt' / 'seed0')
+  assert pre[pre.index('--config') + 1] == f'{CONFIG}:runlocal,spt'
+  assert pre[pre.index('--workdir') + 1] == os.path.join(job, 'pretrain')
+  assert pre[-1] == '--config.num_train_steps=10'
+  assert fine[fine.index('--config') + 1] == f'{CONFIG}:runlocal'
+  assert fine[fine.index('--workdir') + 1] == job
+  assert fine[-1] == f'--config.init_from={os.path.join(job, "pretrain")}'
+  assert not any('num_train_steps=10' in a for a in fine)
+
+
+def test_suite_fine_tuning_waits_for_its_pretraining(tmp_path, capsys):
+  pre = str(tmp_path / 'pre')
+  writes = ('import os, time; time.sleep(0.5); '
+            f'open(os.path.join({pre!r}, "results.json"), "w").write("{{}}")')
+  os.makedirs(pre)
+  fine = (str(tmp_path / 'fine'), [
+      sys.executable, '-c', 'import os, sys; sys.exit(0 if os.path.exists('
+      f'os.path.join({pre!r}, "results.json")) else 1)',
+      f'--config.init_from={pre}'])
+  other = _stub(tmp_path, 'other', OK)
+  outcome = suite.execute([(pre, [sys.executable, '-c', writes]), fine,
+                           other], jobs=2, poll_s=0.02)
+  assert sorted(outcome.finished) == sorted([pre, fine[0], other[0]])
+  said = capsys.readouterr().out
+  # `other` started beside the pretraining; the fine-tuning after it.
+  assert said.index(f'start {other[0]}') < said.index(f'finished {pre}')
+  assert said.index(f'finished {pre}') < said.index(f'start {fine[0]}')
+
+
+def test_suite_fine_tuning_of_a_failed_pretraining_never_starts(tmp_path):
+  pre = _stub(tmp_path, 'pre', FAILS)
+  fine = (str(tmp_path / 'fine'), [sys.executable, '-c', OK,
+                                   f'--config.init_from={pre[0]}'])
+  outcome = suite.execute([pre, fine], jobs=2, poll_s=0.02)
+  assert outcome.failed == [pre[0], fine[0]] and not outcome.finished

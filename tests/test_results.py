@@ -651,3 +651,45 @@ def test_a_run_with_nothing_logged_yet_gets_no_legend(tmp_path):
   table = json.loads((tmp_path / 'out' / results.TABLE_FILE).read_text())
   assert table['rows'] == [] and [c['finished'] for c in
                                   table['curves']] == [False]
+
+
+def _add_pretraining(folder, steps, workdir):
+  path = os.path.join(folder, 'results.json')
+  with open(path) as f:
+    data = json.load(f)
+  data['config']['init_from'] = workdir
+  data['pretraining'] = {'objective': 'masked', 'workdir': workdir,
+                         'steps': steps, 'masking': {'rate': 0.15, 'span': 1},
+                         'final_val_loss': 2.0, 'final_val_accuracy': 0.3}
+  with open(path, 'w') as f:
+    json.dump(data, f)
+
+
+def test_fine_tuned_runs_get_rows_of_their_own(tmp_path):
+  root = tmp_path / 'runs'
+  _write_run(root / 'scratch0', 'listops', 'cst', 'lra', 0.30, 0)
+  for seed in (0, 1):
+    folder = root / f'spt{seed}'
+    _write_run(folder, 'listops', 'cst', 'lra', 0.40 + seed / 10, seed)
+    # Each seed's own pretraining workdir: the path does not split the row.
+    _add_pretraining(folder, 750, str(folder / 'pretrain'))
+    _write_run(folder / 'pretrain', 'listops', 'cst', 'lra', 0.9, seed,
+               overrides={'objective': 'masked'})
+    with open(folder / 'pretrain' / 'results.json') as f:
+      data = json.load(f)
+    data['objective'] = 'masked'
+    with open(folder / 'pretrain' / 'results.json', 'w') as f:
+      json.dump(data, f)
+  _write_run(root / 'spt_long', 'listops', 'cst', 'lra', 0.6, 0)
+  _add_pretraining(root / 'spt_long', 1500, '/elsewhere')
+  runs = [r for r in map(results.load_run, _results_files(root))
+          if not results.is_pretraining(r)]
+  assert len(runs) == 4  # The two pretraining runs have no row.
+  results.label_runs(runs)
+  rows = {r['mechanism']: r for r in results.aggregate(runs)}
+  assert set(rows) == {'cst', 'cst + SPT masked 15%, 750 steps',
+                       'cst + SPT masked 15%, 1500 steps'}
+  spt = rows['cst + SPT masked 15%, 750 steps']
+  assert spt['tasks']['listops']['n'] == 2 and not spt['official']
+  assert spt['tasks']['listops']['mean'] == pytest.approx(45.0)
+  assert rows['cst']['official'] and rows['cst']['tasks']['listops']['n'] == 1
