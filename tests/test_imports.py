@@ -129,6 +129,15 @@ def test_config_lib_is_a_leaf():
   assert import_graph()['lra_msmra.config_lib'] == set()
 
 
+def test_kernels_import_no_mechanism():
+  # How attention is computed stands below what it computes: the mechanisms
+  # pick their kernels, never the other way round.
+  graph = import_graph()
+  upward = {m: sorted(d for d in deps if d.startswith('lra_msmra.attention'))
+            for m, deps in graph.items() if m.startswith('lra_msmra.kernels')}
+  assert not any(upward.values()), upward
+
+
 def test_the_graph_sees_imports_inside_functions(tmp_path):
   pkg = tmp_path / 'pkg'
   (pkg / 'sub').mkdir(parents=True)

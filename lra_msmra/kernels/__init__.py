@@ -26,6 +26,9 @@ The modules here hold the others and the pieces they share:
   keys and span summaries under one softmax through `flash`.
 * `long_short`: `'pallas'` of `long_short`, its attention core (window
   keys and landmarks under one softmax) as one call of `flash`.
+* `safe_softmax`, `combiner_spans`: what the mechanisms' `'xla'` code and
+  the kernels' glue share (a softmax over valid entries that is safe for
+  rows with none; Combiner's span pooling and grid layout).
 * `adamra`: `'pallas'` of `adamra`, its query side (each query's routed
   resolution head against the heads' key summaries) as kernels of its own,
   dispatched per platform as `flash`'s are.

@@ -73,8 +73,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from lra_msmra.attention import base
-from lra_msmra.attention import combiner_spans
+from lra_msmra.kernels import combiner_spans
+from lra_msmra.kernels import safe_softmax
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import mesh as mesh_lib
 
@@ -569,7 +569,7 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   kb, vb = split(hk), split(hv)
   logits = jnp.sum(q_span[:, :, :, None, :].astype(jnp.float32)
                    * kb.astype(jnp.float32), axis=-1)
-  w = base.safe_softmax(logits, member)
+  w = safe_softmax.safe_softmax(logits, member)
   w = _drop(w, dropout_rate, seeds.next(),
             jnp.arange(blocks)[:, None], jnp.arange(block_size)[None, :])
   span_values = jnp.sum(w[..., None] * vb.astype(jnp.float32),
