@@ -21,7 +21,10 @@ workdir it keeps:
 * nothing else (e.g. data/, generated data that a run writes again).
 
 A finished run (results.json) needs no checkpoint: its checkpoints/ and
-best/ are left out unless `--finished_checkpoints`.
+best/ are left out unless `--finished_checkpoints`, except the newest
+checkpoint of a finished pretraining run (`launch/suite.py --spt`: the
+`pretrain/` folder of a job's workdir) whose fine-tuning has not finished,
+which starts from it.
 
 Held runs. When the archive would exceed `--max_mib`, or `--max_files`
 parts plus the manifest, the unfinished runs with the fewest steps are held
@@ -76,6 +79,8 @@ STEP_FOLDERS = ('checkpoints', 'best')
 KEPT_FOLDERS = ('tensorboard',)
 # Written by orbax when a step is finished.
 FINISHED_STEP_MARK = '_CHECKPOINT_METADATA'
+# launch/suite.py --spt: the pretraining run's folder in a job's workdir.
+PRETRAIN_DIR = 'pretrain'
 _CHUNK = 1 << 20
 
 
@@ -96,8 +101,20 @@ def find_workdirs(root: str) -> list[str]:
     dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
     if CONFIG_FILE in files and here != root:
       found.append(os.path.relpath(here, root).replace(os.sep, '/'))
-      dirs[:] = []
+      # The pretraining run of a self-pretraining job (launch/suite.py
+      # --spt) lives inside the fine-tuning run's workdir.
+      dirs[:] = [d for d in dirs if d == PRETRAIN_DIR]
   return found
+
+
+def needed_for_fine_tuning(workdir: str) -> bool:
+  """Whether `workdir` is the pretraining run of a fine-tuning run that
+  has not finished (`launch/suite.py --spt`): that run starts from its
+  newest checkpoint, which must then be carried even though the
+  pretraining has finished."""
+  parent = os.path.dirname(os.path.normpath(workdir))
+  return (os.path.basename(os.path.normpath(workdir)) == PRETRAIN_DIR and
+          not os.path.exists(os.path.join(parent, RESULTS_FILE)))
 
 
 def steps_in(folder: str) -> list[int]:
@@ -168,7 +185,9 @@ def describe_run(root: str, run: str, finished_checkpoints: bool = False
         paths.append(path)
     elif name in KEPT_FOLDERS:
       paths.extend(_files_under(path))
-    elif name in STEP_FOLDERS and (finished_checkpoints or not finished):
+    elif name in STEP_FOLDERS and (
+        finished_checkpoints or not finished or
+        (name == 'checkpoints' and needed_for_fine_tuning(workdir))):
       for sub in sorted(os.listdir(path)):
         if os.path.isfile(os.path.join(path, sub)):
           paths.append(os.path.join(path, sub))

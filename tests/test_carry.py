@@ -327,3 +327,21 @@ def test_command_line(tree, tmp_path):
       proc.stdout)
   assert subprocess.run([sys.executable, SCRIPT, '--help'],
                         capture_output=True, timeout=60).returncode == 0
+
+
+def test_a_pretraining_run_keeps_its_checkpoint_until_fine_tuned(tmp_path):
+  root = str(tmp_path / 'runs')
+  fake_run(root, 'lra/listops/cst_spt/seed0/pretrain', [500], finished=True)
+  fine = fake_run(root, 'lra/listops/cst_spt/seed0', [100])
+  assert carry.find_workdirs(root) == ['lra/listops/cst_spt/seed0',
+                                       'lra/listops/cst_spt/seed0/pretrain']
+  manifest = carry.pack(root, str(tmp_path / 'out'))
+  runs = {r['run']: r for r in manifest['runs']}
+  pre = runs['lra/listops/cst_spt/seed0/pretrain']
+  assert pre['finished'] and pre['checkpoints'] == 'checkpoints/500'
+  assert 'best' not in pre
+  # Once the fine-tuning has finished, the pretraining's state goes.
+  _write(os.path.join(fine, 'results.json'), '{}')
+  manifest = carry.pack(root, str(tmp_path / 'out2'))
+  runs = {r['run']: r for r in manifest['runs']}
+  assert 'checkpoints' not in runs['lra/listops/cst_spt/seed0/pretrain']
