@@ -208,6 +208,17 @@ def spt_label(record: Mapping[str, Any]) -> str:
   return f'SPT {what}, {record.get("steps", "?")} steps'
 
 
+def pretraining_dir(run_dir: str) -> bool:
+  """Whether the workdir `run_dir` holds a self-pretraining run (its
+  config.json's `objective`)."""
+  try:
+    with open(os.path.join(run_dir, 'config.json')) as f:
+      objective = json.load(f).get('objective', 'classify')
+  except (OSError, ValueError):
+    return False
+  return objective != 'classify'
+
+
 def is_pretraining(run: Mapping[str, Any]) -> bool:
   """A self-pretraining run (its accuracy is per token, not a task
   score): no table row; its fine-tuned runs name it."""
@@ -971,12 +982,15 @@ def main(argv: Sequence[str]) -> None:
     raise SystemExit(f'No {RESULTS_FILE} or {METRICS_FILE} found under '
                      f'{args.runs}.')
   runs = [run for run in map(load_run, paths) if not is_pretraining(run)]
+  # Pretraining runs, finished or not, have neither a row nor a curve:
+  # their loss and accuracy are per token.
+  curve_dirs = [d for d in run_dirs if not pretraining_dir(d)]
   label_runs(runs)
   rows = aggregate(runs + select_by_validation(runs))
   os.makedirs(args.out, exist_ok=True)
   text = markdown(rows, runs)
   runs_by_dir = {os.path.dirname(r['path']): r for r in runs}
-  curves = curves_chart(run_dirs, runs_by_dir,
+  curves = curves_chart(curve_dirs, runs_by_dir,
                         os.path.join(args.out, 'results_curves.png'))
   unfinished = [c for c in curves if not c['finished']]
   if unfinished:
@@ -1002,7 +1016,7 @@ def main(argv: Sequence[str]) -> None:
     f.write('\n')
   print(text)
   print(f'\nWrote results.md, {TABLE_FILE}, results_bubble.png and '
-        f'results_curves.png to {args.out} ({len(paths)} finished runs, '
+        f'results_curves.png to {args.out} ({len(runs)} finished runs, '
         f'{len(unfinished)} unfinished).')
 
 

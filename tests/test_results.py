@@ -693,3 +693,21 @@ def test_fine_tuned_runs_get_rows_of_their_own(tmp_path):
   assert spt['tasks']['listops']['n'] == 2 and not spt['official']
   assert spt['tasks']['listops']['mean'] == pytest.approx(45.0)
   assert rows['cst']['official'] and rows['cst']['tasks']['listops']['n'] == 1
+
+
+def test_pretraining_runs_have_no_curve_and_no_row(tmp_path):
+  root = tmp_path / 'runs'
+  _write_run(root / 'spt0', 'listops', 'cst', 'lra', 0.4, 0)
+  _add_pretraining(root / 'spt0', 10, str(root / 'spt0' / 'pretrain'))
+  _write_metrics(root / 'spt0', [5, 10])
+  pre = root / 'spt0' / 'pretrain'
+  pre.mkdir()
+  (pre / 'config.json').write_text(json.dumps({'objective': 'masked'}))
+  _write_metrics(pre, [5])  # Unfinished: metrics only.
+  assert results.pretraining_dir(str(pre))
+  assert not results.pretraining_dir(str(root / 'spt0'))
+  out = tmp_path / 'out'
+  results.main(['results', '--runs', str(root), '--out', str(out)])
+  table = json.loads((out / results.TABLE_FILE).read_text())
+  assert [c['finished'] for c in table['curves']] == [True]
+  assert 'Unfinished runs' not in (out / 'results.md').read_text()
