@@ -316,7 +316,6 @@ class AdaMRAAttention(base.Attention):
   feature_map: str = 'relu'
   epsilon: float = 1e-6
 
-  IMPLEMENTATIONS = ('xla', 'pallas')
 
   def check_knobs(self) -> None:
     segment_lengths(self.compression_rates)
@@ -432,16 +431,52 @@ class AdaMRAAttention(base.Attention):
                                 phi_k.shape[:3])
     return jnp.where(mask[..., None], phi_k / keep, 0.0)
 
-  def _routed_kernel(self, q: Array, choice: Array, gate: Array,
-                     kv: list[Array], z: list[Array],
-                     head_query: Callable[[int], Array],
-                     sub_q: Optional[nn.Module]) -> Array:
-    """The query side as fused kernels (`implementation='pallas'`).
+  def _query_side_xla(self, q: Array, choice: Array, gate: Array,
+                      kv: list[Array], z: list[Array],
+                      head_query: Callable[[int], Array],
+                      sub_q: Optional[nn.Module]) -> Array:
+    """Each query against its routed head's summaries `kv`, `z`, gated.
+
+    Only the routed head, selected per query (see the module docstring),
+    so these arrays are `[b, n, S, d]` rather than `[b, n, H, ...]`.
+    `sub_q` is the stacked subhead map (None otherwise).
+    """
+    if sub_q is not None:
+      q_sel = sub_q(q, choice=choice)
+    else:
+      q_sel = head_query(0)  # The same for every head.
+    phi_q = _feature(q_sel.astype(jnp.float32), self.feature_map)
+    num, den = _routed(
+        choice,
+        lambda kv_z: (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv_z[0]),
+                      jnp.einsum('bnsk,bsk->bns', phi_q, kv_z[1])),
+        (jnp.stack(kv), jnp.stack(z)),
+        (jnp.zeros_like(phi_q), jnp.zeros(phi_q.shape[:-1], jnp.float32)))
+    gate_sel = jnp.take_along_axis(gate, choice[..., None], axis=-1)[..., 0]
+    # As dense-and-mask computes it: gate / (den + eps), times the numerator.
+    y = num * (gate_sel[..., None] / (den + self.epsilon))[..., None]
+    if self.router_gate == 'straight_through':
+
+      def kernel_attention(phi: Array, h: int) -> tuple[Array, Array]:
+        """Numerator `[b, n, S, d]` and denominator `[b, n, S]` of head
+        h."""
+        return (jnp.einsum('bnsk,bskv->bnsv', phi, kv[h]),
+                jnp.einsum('bnsk,bsk->bns', phi, z[h]))
+
+      y = self._straight_through_term(y, choice, gate, head_query,
+                                      kernel_attention, phi_q)
+    return y
+
+  def _query_side_pallas(self, q: Array, choice: Array, gate: Array,
+                         kv: list[Array], z: list[Array],
+                         head_query: Callable[[int], Array],
+                         sub_q: Optional[nn.Module]) -> Array:
+    """The query side as fused kernels.
 
     `lra_msmra.kernels.adamra.routed_attention`: per tile of queries, the
     routed head's map (`'stacked'`), features, summaries, normalisation and
-    gate, and its backward pass; the same function as the XLA code below
-    it, straight-through router gradient included.
+    gate, and its backward pass; the same function as `_query_side_xla`,
+    straight-through router gradient included.
     """
     if sub_q is not None:
       weight, bias = sub_q(q, weights=True)
@@ -454,6 +489,10 @@ class AdaMRAAttention(base.Attention):
         weight=weight, bias=bias, feature_map=self.feature_map,
         epsilon=self.epsilon,
         all_gate_gradients=self.router_gate == 'straight_through')
+
+  # The kernel switch (`base.Attention.KERNELS`).
+  KERNELS = {'xla': {'query_side': _query_side_xla},
+             'pallas': {'query_side': _query_side_pallas}}
 
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
@@ -509,35 +548,9 @@ class AdaMRAAttention(base.Attention):
         return q
       return sub_q(q, h if self.projections == 'stacked' else None)
 
-    def kernel_attention(phi_q: Array, h: int) -> tuple[Array, Array]:
-      """Numerator `[b, n, S, d]` and denominator `[b, n, S]` of head h."""
-      return (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv[h]),
-              jnp.einsum('bnsk,bsk->bns', phi_q, z[h]))
-
-    if self.implementation == 'pallas':
-      y = self._routed_kernel(q, choice, gate, kv, z, head_query,
-                              sub_q if self.projections == 'stacked' else None)
-    else:
-      # Query side: only the routed head, selected per query (see the
-      # module docstring), so these arrays are [b, n, S, d] rather than
-      # [b, n, H, ...].
-      if self.projections == 'stacked':
-        q_sel = sub_q(q, choice=choice)
-      else:
-        q_sel = head_query(0)  # The same for every head.
-      phi_q = _feature(q_sel.astype(jnp.float32), self.feature_map)
-      num, den = _routed(
-          choice,
-          lambda kv_z: (jnp.einsum('bnsk,bskv->bnsv', phi_q, kv_z[0]),
-                        jnp.einsum('bnsk,bsk->bns', phi_q, kv_z[1])),
-          (jnp.stack(kv), jnp.stack(z)),
-          (jnp.zeros_like(phi_q), jnp.zeros(phi_q.shape[:-1], jnp.float32)))
-      gate_sel = jnp.take_along_axis(gate, choice[..., None], axis=-1)[..., 0]
-      # As dense-and-mask computes it: gate / (den + eps), times the numerator.
-      y = num * (gate_sel[..., None] / (den + self.epsilon))[..., None]
-      if self.router_gate == 'straight_through':
-        y = self._straight_through_term(
-            y, choice, gate, head_query, kernel_attention, phi_q)
+    y = self.kernel('query_side')(
+        q, choice, gate, kv, z, head_query,
+        sub_q if self.projections == 'stacked' else None)
     y = y.astype(self.dtype)
     y = self.output_projection(out_features)(y)
     return y[:, :length]

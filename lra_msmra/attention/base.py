@@ -35,13 +35,18 @@ Most mechanisms start `attend` with `project_qkv`: the input in the layer's
 dtype, projected to per-head queries, keys and values.
 
 How a layer is computed is its `implementation` (`lra_msmra.kernels`): the
-default `'xla'` is the mechanism's own code here, the numerical reference;
-a mechanism lists the others it has in `IMPLEMENTATIONS`.
+default `'xla'` is the mechanism's own code here, the numerical reference.
+A mechanism with others switches in one place, its class table `KERNELS`:
+for each implementation, the functions of its hot paths by name (the same
+names for every implementation). `attend` calls `self.kernel(name)`;
+`IMPLEMENTATIONS`, and the error for any other value, come from the table.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, NamedTuple, Optional, Sequence
+import functools
+from typing import (Any, Callable, ClassVar, Mapping, NamedTuple, Optional,
+                    Sequence)
 
 import flax.linen as nn
 import jax
@@ -89,8 +94,12 @@ class Attention(nn.Module):
       is the mechanism's own code and the numerical reference.
     zero_padded_queries: (class constant, not a field) the padded-row rule:
       True zeroes the output at padded query positions after `attend`.
+    KERNELS: (class constant, not a field) the kernel switch:
+      implementation name -> {hot path name -> function(layer, ...)}; the
+      functions of one path take the same arguments and compute the same
+      function under every implementation.
     IMPLEMENTATIONS: (class constant, not a field) the values `implementation`
-      may take for this mechanism.
+      may take for this mechanism: the names of `KERNELS`.
   """
   num_heads: int = 8
   qkv_features: Optional[int] = None
@@ -104,7 +113,23 @@ class Attention(nn.Module):
   implementation: str = 'xla'
 
   zero_padded_queries: ClassVar[bool] = True
+  KERNELS: ClassVar[Mapping[str, Mapping[str, Callable[..., Any]]]] = {
+      'xla': {}}
   IMPLEMENTATIONS: ClassVar[tuple[str, ...]] = ('xla',)
+
+  def __init_subclass__(cls, **kwargs: Any):
+    super().__init_subclass__(**kwargs)
+    paths = set(cls.KERNELS['xla'])
+    for name, table in cls.KERNELS.items():
+      if set(table) != paths:
+        raise TypeError(f'{cls.__name__}.KERNELS[{name!r}] has the paths '
+                        f"{sorted(table)}, 'xla' has {sorted(paths)}.")
+    cls.IMPLEMENTATIONS = tuple(cls.KERNELS)
+
+  def kernel(self, path: str) -> Callable[..., Any]:
+    """The function of hot path `path` under this layer's implementation
+    (`KERNELS`), called with the layer as its first argument."""
+    return functools.partial(self.KERNELS[self.implementation][path], self)
 
   def __post_init__(self):
     if self.implementation not in self.IMPLEMENTATIONS:

@@ -55,6 +55,8 @@ O(N^2), for analysis and tests.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from typing import Callable, NamedTuple, Optional
 
@@ -505,8 +507,6 @@ class CombinerAttention(base.Attention):
   mixture_mode: Optional[str] = None
   abstraction: Optional[str] = None
 
-  IMPLEMENTATIONS = ('xla', 'pallas')
-
   def check_knobs(self) -> None:
     """Raises on unknown values and on knobs the chosen variant ignores."""
     if self.variant == 'learnable':
@@ -615,13 +615,37 @@ class CombinerAttention(base.Attention):
           dtype=self.dtype, param_dtype=jnp.float32, name=name)
       pq = nn.relu(deepset('deepset_query')(q))
       pk = nn.relu(deepset('deepset_key')(k))
-    if self.implementation == 'pallas' and probe is None:
-      out = self._fused(x, q, k, v, pq, pk, real, deterministic,
-                        abstraction.split('-')[-1])
-      out = out * real[:, :, None, None].astype(out.dtype)
-      return self.output_projection(out_features)(out)
-    ctx = _Ctx(causal=self.causal, pool=abstraction.split('-')[-1],
-               probe=probe,
+    # The probes read the weights, which only the 'xla' code forms.
+    combine = (self.kernel('combine') if probe is None else
+               functools.partial(self.KERNELS['xla']['combine'], self))
+    out = combine(x, q, k, v, values, pq, pk, real, deterministic,
+                  abstraction.split('-')[-1], probe)
+    out = out * real[:, :, None, None].astype(out.dtype)
+    if probe is not None:
+      return jnp.transpose(out, (0, 2, 1, 3)).astype(jnp.float32)
+    return self.output_projection(out_features)(out)
+
+  def _combine_xla(self, x: Array, q: Array, k: Array, v: Array,
+                   values: Array, pq: Array, pk: Array, real: Array,
+                   deterministic: bool, pool: str, probe: Optional[str]
+                   ) -> Array:
+    """Every variant's terms under their softmaxes, in jax.numpy.
+
+    Args:
+      x: the zeroed inputs `[batch, length, features]` (rowmajor's keys).
+      q, k, v, pq, pk: `[batch, length, heads, head_dim]`, q scaled; pq
+        and pk are what the spans pool (the deepset maps' outputs, or q, k).
+      values: v, or the identity under a probe (`effective_attention`).
+      real: bool `[batch, length]`.
+      deterministic: disables attention dropout.
+      pool: 'max' or 'mean'.
+      probe: None, or `effective_attention`'s probe.
+
+    Returns:
+      `[batch, length, heads, dv]`, not zeroed at padded queries.
+    """
+    length = real.shape[1]
+    ctx = _Ctx(causal=self.causal, pool=pool, probe=probe,
                dropout=lambda w: self.attention_dropout(w, deterministic),
                stochastic=not deterministic and self.dropout_rate > 0.0)
 
@@ -642,10 +666,7 @@ class CombinerAttention(base.Attention):
                 pq=gq if pq is q else grid(pq), pk=gk if pk is k else grid(pk),
                 real=grid(real))
       out = _from_grid(self._grid_attention(g, ctx, grid(x)), offset, length)
-    out = out * real[:, :, None, None].astype(out.dtype)
-    if probe is not None:
-      return jnp.transpose(out, (0, 2, 1, 3)).astype(jnp.float32)
-    return self.output_projection(out_features)(out)
+    return out
 
   def _grid_attention(self, g: _Grid, ctx: _Ctx, x_grid: Array) -> Array:
     """The fixed, axial and mixture variants on the grid layout."""
@@ -682,20 +703,13 @@ class CombinerAttention(base.Attention):
     to_key = self.projection(head_dim, 'row_summary_key')
     return lambda row_out: to_key(norm(x_grid + to_model(row_out)))
 
-  def _fused(self, x: Array, q: Array, k: Array, v: Array, pq: Array,
-             pk: Array, real: Array, deterministic: bool, pool: str) -> Array:
-    """Fixed, axial and mixture with Pallas kernels (`'pallas'`).
-
-    Args:
-      x: the zeroed inputs `[batch, length, features]` (rowmajor's keys).
-      q, k, v, pq, pk: `[batch, length, heads, head_dim]`, q scaled.
-      real: bool `[batch, length]`.
-      deterministic: disables attention dropout.
-      pool: 'max' or 'mean'.
-
-    Returns:
-      `[batch, length, heads, head_dim]`, not zeroed at padded queries.
-    """
+  def _combine_pallas(self, x: Array, q: Array, k: Array, v: Array,
+                      values: Array, pq: Array, pk: Array, real: Array,
+                      deterministic: bool, pool: str, probe: Optional[str]
+                      ) -> Array:
+    """`_combine_xla` of fixed, axial and mixture as Pallas kernels
+    (`lra_msmra.kernels.combiner`); `values` is v and `probe` None."""
+    del values, probe
     length = real.shape[1]
     drop = flash.layer_dropout(self, deterministic)
     if self.variant == 'fixed':
@@ -714,3 +728,7 @@ class CombinerAttention(base.Attention):
                        offset=offset, causal=self.causal, pool=pool,
                        summary_key=summary_key,
                        mixture_mode=self.mixture_mode or 'average', **drop)
+
+  # The kernel switch (`base.Attention.KERNELS`).
+  KERNELS = {'xla': {'combine': _combine_xla},
+             'pallas': {'combine': _combine_pallas}}

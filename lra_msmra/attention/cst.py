@@ -203,8 +203,6 @@ class CompositeSliceAttention(base.Attention):
   position_embedding: str = 'ms_vipe'
   position_init_std: float = 0.02
 
-  IMPLEMENTATIONS = ('xla', 'pallas')
-
   def check_knobs(self) -> None:
     check_slicing(self.slice_length, self.alpha)
     if self.implementation == 'pallas' and self.alpha != 1:
@@ -388,11 +386,17 @@ class CompositeSliceAttention(base.Attention):
       q = q + self._project_table(proj['query'], pos[width:width + size])
       k = k + self._project_table(proj['key'], pos[:k.shape[2]])
     q = q / jnp.sqrt(head_dim).astype(self.dtype)
-    if self.implementation == 'pallas':
-      y = cst_kernels.local_attention(
-          q, k, v, ms, causal=self.causal,
-          **flash.layer_dropout(self, deterministic))
-      return proj['out'](y)
+    y = self.kernel('local')(q, k, v, ms, key_mask, deterministic)
+    return proj['out'](y)
+
+  def _local_xla(self, q: Array, k: Array, v: Array, ms: Array,
+                 key_mask: Array, deterministic: bool) -> Array:
+    """Softmax of each slice's queries `[batch, slices, L, heads, d]`
+    over its extended keys `[batch, slices, width + L (+ width), heads,
+    d]` (`key_mask` marks the real ones; `ms` the real queries)."""
+    del ms
+    size = self.slice_length
+    width = extension_width(size, self.alpha)
     # [batch, slices, heads, L, keys], accumulated in float32.
     logits = jnp.einsum('bsqhd,bskhd->bshqk', q, k,
                         preferred_element_type=jnp.float32)
@@ -404,8 +408,15 @@ class CompositeSliceAttention(base.Attention):
       valid = valid & (keys[None, :] <= jnp.arange(size)[:, None] + width)
     probs = base.safe_softmax(logits, valid)
     probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
-    y = jnp.einsum('bshqk,bskhd->bsqhd', probs, v)
-    return proj['out'](y)
+    return jnp.einsum('bshqk,bskhd->bsqhd', probs, v)
+
+  def _local_pallas(self, q: Array, k: Array, v: Array, ms: Array,
+                    key_mask: Array, deterministic: bool) -> Array:
+    """`_local_xla` as Pallas kernels (`lra_msmra.kernels.cst`)."""
+    del key_mask  # The kernel derives the extended keys' flags from ms.
+    return cst_kernels.local_attention(
+        q, k, v, ms, causal=self.causal,
+        **flash.layer_dropout(self, deterministic))
 
   def _aggregate(self, ys: Array, ms: Array, features: int) -> Array:
     """Slice embeddings `[batch, slices, D]` from `[batch, slices, L, D]`."""
@@ -447,24 +458,8 @@ class CompositeSliceAttention(base.Attention):
     q = proj['query'](qk_inputs) / jnp.sqrt(head_dim).astype(self.dtype)
     k = proj['key'](qk_inputs)
     v = proj['value'](s)
-    if self.implementation == 'pallas':
-      y = cst_kernels.global_attention(
-          q, k, v, slice_valid, causal=self.causal,
-          **flash.layer_dropout(self, deterministic))
-    elif deterministic or self.dropout_rate == 0.0:
-      # The same function without the [slices, slices] weights in memory:
-      # what makes the quadratic part affordable at long lengths.
-      y = base.blocked_attention(q, k, v, slice_valid, causal=self.causal)
-    else:
-      logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,
-                          preferred_element_type=jnp.float32)
-      valid = slice_valid[:, None, None, :]
-      if self.causal:
-        valid = valid & base.causal_mask(s.shape[1])[None, None]
-      probs = base.safe_softmax(logits, valid)
-      probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
-      y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
-    y = proj['out'](y)
+    y = proj['out'](self.kernel('global')(q, k, v, slice_valid,
+                                          deterministic))
     # A query that sees no real slice outputs zero, W_o's bias included:
     # in causal mode any slice whose earlier slices are all padding, like
     # slice 0 (inclusive row t sees a real slice iff one of 0..t is real).
@@ -478,6 +473,34 @@ class CompositeSliceAttention(base.Attention):
       # over keys < t with a strictly causal mask.
       y = jnp.concatenate([jnp.zeros_like(y[:, :1]), y[:, :-1]], axis=1)
     return y
+
+  def _global_xla(self, q: Array, k: Array, v: Array, slice_valid: Array,
+                  deterministic: bool) -> Array:
+    """Softmax attention among slices `[batch, slices, heads, d]`, keys
+    masked by `slice_valid` (causal: inclusive)."""
+    if deterministic or self.dropout_rate == 0.0:
+      # The same function without the [slices, slices] weights in memory:
+      # what makes the quadratic part affordable at long lengths.
+      return base.blocked_attention(q, k, v, slice_valid, causal=self.causal)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,
+                        preferred_element_type=jnp.float32)
+    valid = slice_valid[:, None, None, :]
+    if self.causal:
+      valid = valid & base.causal_mask(q.shape[1])[None, None]
+    probs = base.safe_softmax(logits, valid)
+    probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
+    return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+
+  def _global_pallas(self, q: Array, k: Array, v: Array, slice_valid: Array,
+                     deterministic: bool) -> Array:
+    """`_global_xla` as a Pallas kernel (`lra_msmra.kernels.cst`)."""
+    return cst_kernels.global_attention(
+        q, k, v, slice_valid, causal=self.causal,
+        **flash.layer_dropout(self, deterministic))
+
+  # The kernel switch (`base.Attention.KERNELS`).
+  KERNELS = {'xla': {'local': _local_xla, 'global': _global_xla},
+             'pallas': {'local': _local_pallas, 'global': _global_pallas}}
 
   def _sow_diagnostics(self, y_local: Array, y_global: Array, ms: Array
                        ) -> None:

@@ -378,9 +378,6 @@ class LongShortAttention(base.Attention):
   conv_kernel_size: int = 0
   normalize_before_compress: Optional[bool] = None
 
-  # 'pallas' fuses the attention core (`lra_msmra.kernels.long_short`).
-  IMPLEMENTATIONS = ('xla', fused.IMPLEMENTATION)
-
   def check_knobs(self) -> None:
     w, r = self.window_size, self.num_landmarks
     if w < 0 or r < 0:
@@ -455,28 +452,8 @@ class LongShortAttention(base.Attention):
       left = right = window_extension(w)
     window = (k_local, v_local, padding_mask) if w else None
 
-    mass = None
-    if self.implementation == fused.IMPLEMENTATION:
-      out, mass = self._attend_fused(q, projected, window, padding_mask,
-                                     chunk, deterministic)
-    else:
-      slots = ((projected[0].shape[1] if r else 0)
-               + (left + w + right if w else 0))
-      dropout_mask = None
-      if not deterministic and self.dropout_rate > 0.0:
-        # The same draw as `base.attention_dropout` on the joint weights.
-        dropout_mask = jax.random.bernoulli(
-            self.make_rng('dropout'), 1.0 - self.dropout_rate,
-            (q.shape[0], self.num_heads, q.shape[1], slots))
-      config = _AttendConfig(window_size=w, left=left, right=right,
-                             causal=self.causal,
-                             keep_prob=1.0 - self.dropout_rate)
-      out, probs = _attend_recomputed(config, q, projected, window,
-                                      padding_mask, dropout_mask)
-      if not self.is_initializing():
-        self.sow('intermediates', 'probs', jnp.concatenate(probs, -1))
-        if r and w:
-          mass = jnp.sum(probs[0], -1)
+    out, mass = self.kernel('core')(q, projected, window, padding_mask,
+                                    chunk, (left, right), deterministic)
     if mass is not None:
       real = padding_mask[:, None, :].astype(jnp.float32)
       self.sow('metrics', 'long_range_mass',
@@ -488,14 +465,47 @@ class LongShortAttention(base.Attention):
     y = self.output_projection(out_features)(out.astype(self.dtype))
     return y[:, :length]
 
-  def _attend_fused(self, q, projected, window, padding_mask, chunk,
-                    deterministic):
-    """The attention core as one fused kernel (`implementation='pallas'`).
+  def _core_xla(self, q, projected, window, padding_mask, chunk, extension,
+                deterministic):
+    """The attention core: each query's window keys and landmarks under
+    one softmax (`_attend_recomputed`), its weights sown as `probs`.
 
-    Same function as `_attend_recomputed` (whose `probs` it cannot sow);
-    returns the output and, when the `metrics` collection is collected and
-    both parts are present, the landmark weight per query.
+    Returns the output and the landmark weight per query (None unless both
+    parts are present).
     """
+    del chunk  # The landmarks' validity already holds it.
+    w, r = self.window_size, self.num_landmarks
+    left, right = extension
+    slots = ((projected[0].shape[1] if r else 0)
+             + (left + w + right if w else 0))
+    dropout_mask = None
+    if not deterministic and self.dropout_rate > 0.0:
+      # The same draw as `base.attention_dropout` on the joint weights.
+      dropout_mask = jax.random.bernoulli(
+          self.make_rng('dropout'), 1.0 - self.dropout_rate,
+          (q.shape[0], self.num_heads, q.shape[1], slots))
+    config = _AttendConfig(window_size=w, left=left, right=right,
+                           causal=self.causal,
+                           keep_prob=1.0 - self.dropout_rate)
+    out, probs = _attend_recomputed(config, q, projected, window,
+                                    padding_mask, dropout_mask)
+    mass = None
+    if not self.is_initializing():
+      self.sow('intermediates', 'probs', jnp.concatenate(probs, -1))
+      if r and w:
+        mass = jnp.sum(probs[0], -1)
+    return out, mass
+
+  def _core_pallas(self, q, projected, window, padding_mask, chunk,
+                   extension, deterministic):
+    """The attention core as one fused kernel (`lra_msmra.kernels.
+    long_short`).
+
+    Same function as `_core_xla` (whose `probs` it cannot sow); returns the
+    output and, when the `metrics` collection is collected and both parts
+    are present, the landmark weight per query.
+    """
+    del extension  # The kernel's geometry holds it.
     r = self.num_landmarks
     geometry = fused.Geometry(self.window_size, r, self.causal, chunk)
     landmarks = None
@@ -507,6 +517,10 @@ class LongShortAttention(base.Attention):
     return fused.attend(q, landmarks, window, padding_mask, geometry,
                         long_range_mass=with_mass,
                         **flash.layer_dropout(self, deterministic))
+
+  # The kernel switch (`base.Attention.KERNELS`).
+  KERNELS = {'xla': {'core': _core_xla}, fused.IMPLEMENTATION: {
+      'core': _core_pallas}}
 
   # -- bidirectional --------------------------------------------------------
 

@@ -46,7 +46,6 @@ class SoftmaxAttention(base.Attention):
   # LRA's values at padded queries (see the module docstring); the fused
   # implementations zero them in `attend`.
   zero_padded_queries = False
-  IMPLEMENTATIONS = ('xla',) + fused.IMPLEMENTATIONS
 
   def check_knobs(self) -> None:
     if self.implementation != 'xla':
@@ -58,21 +57,34 @@ class SoftmaxAttention(base.Attention):
              deterministic: bool) -> jax.Array:
     _, head_dim, out_features = self.head_dims(x)
     q, k, v = self.project_qkv(x)
+    y = self.kernel('attention')(q, k, v, padding_mask, head_dim,
+                                 deterministic)
+    y = self.output_projection(out_features)(y)
     if self.implementation != 'xla':
-      y = fused.attention(self.implementation, q, k, v, padding_mask,
-                          causal=self.causal, scale=head_dim ** -0.5)
-      y = self.output_projection(out_features)(y)
       # The padded-row rule of the other mechanisms, output biases included.
       return jnp.where(padding_mask[..., None], y, jnp.zeros((), y.dtype))
+    return y
+
+  def _attention_xla(self, q, k, v, padding_mask, head_dim, deterministic):
+    """LRA's code: the weights in memory, padded queries included."""
     q = q / jnp.sqrt(head_dim).astype(self.dtype)
     # [batch, heads, q_len, k_len], accumulated and normalised in float32.
     logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,
                         preferred_element_type=jnp.float32)
     valid = padding_mask[:, None, :, None] & padding_mask[:, None, None, :]
     if self.causal:
-      valid = valid & base.causal_mask(x.shape[1])[None, None]
+      valid = valid & base.causal_mask(q.shape[1])[None, None]
     logits = jnp.where(valid, logits, base.LRA_MASK_BIAS)
     probs = jax.nn.softmax(logits, axis=-1)
     probs = self.attention_dropout(probs, deterministic).astype(self.dtype)
-    y = jnp.einsum('bhqk,bkhd->bqhd', probs, v)
-    return self.output_projection(out_features)(y)
+    return jnp.einsum('bhqk,bkhd->bqhd', probs, v)
+
+  def _attention_fused(self, q, k, v, padding_mask, head_dim, deterministic):
+    """cuDNN's or the TPU's fused flash attention (no dropout: `check`)."""
+    del deterministic
+    return fused.attention(self.implementation, q, k, v, padding_mask,
+                           causal=self.causal, scale=head_dim ** -0.5)
+
+  KERNELS = {'xla': {'attention': _attention_xla},
+             **dict.fromkeys(fused.IMPLEMENTATIONS,
+                             {'attention': _attention_fused})}

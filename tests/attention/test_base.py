@@ -80,6 +80,10 @@ def test_blocked_attention_with_fewer_queries_than_keys():
 def test_every_mechanism_has_the_xla_implementation(name):
   cls = attention.REGISTRY[name]
   assert cls.IMPLEMENTATIONS[0] == 'xla'
+  # One switch: the implementations are the kernel table's, each with the
+  # hot paths of 'xla'.
+  assert cls.IMPLEMENTATIONS == tuple(cls.KERNELS)
+  assert all(set(t) == set(cls.KERNELS['xla']) for t in cls.KERNELS.values())
   assert cls(num_heads=2).implementation == 'xla'
   cls(num_heads=2, implementation='xla')
   with pytest.raises(ValueError) as e:
@@ -88,3 +92,24 @@ def test_every_mechanism_has_the_xla_implementation(name):
   assert '\n' not in message
   assert message == (f"{cls.__name__} has no implementation='cuda'; valid: "
                      f'{cls.IMPLEMENTATIONS}.')
+
+
+def test_a_kernel_table_missing_a_path_is_refused():
+  with pytest.raises(TypeError, match=r"KERNELS\['fast'\] has the paths "
+                     r"\[\], 'xla' has \['core'\]"):
+
+    class Broken(base.Attention):  # pylint: disable=unused-variable
+      KERNELS = {'xla': {'core': lambda layer: None}, 'fast': {}}
+
+
+def test_the_layer_calls_the_function_of_its_implementation():
+  calls = []
+
+  class Switch(base.Attention):
+    KERNELS = {'xla': {'core': lambda layer, x: calls.append(('xla', x))},
+               'fast': {'core': lambda layer, x: calls.append(('fast', x))}}
+
+  assert Switch.IMPLEMENTATIONS == ('xla', 'fast')
+  Switch(implementation='fast').kernel('core')(1)
+  Switch().kernel('core')(2)
+  assert calls == [('fast', 1), ('xla', 2)]
