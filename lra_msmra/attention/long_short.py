@@ -225,46 +225,21 @@ def _attend(q: Array, projected, window, query_mask: Array,
     per part (`[batch, heads, length, m]`, `[batch, heads, length, slots]`),
     after zeroing padded queries and before dropout.
   """
-  batch, length, heads, head_dim = q.shape
   dtype = q.dtype
   # Heads-major [batch, heads, length, head_dim]: every product below is then
   # a batched matmul over (batch, heads[, block]) without further copies.
-  heads_major = lambda a: a.transpose(0, 2, 1, 3)
-  q = heads_major(q)
+  q = _heads_major(q)
   logits, valid = [], []
   if projected is not None:
     k_bar, v_bar, bar_valid = projected
-    logits.append(jnp.einsum('bhnd,bhmd->bhnm', q, heads_major(k_bar),
+    logits.append(jnp.einsum('bhnd,bhmd->bhnm', q, _heads_major(k_bar),
                              preferred_element_type=jnp.float32))
     valid.append(bar_valid)
   if window is not None:
-    k, v, key_mask = window
-    w = window_size
-    groups, slots = length // w, left + w + right
-    as_blocks = lambda a: heads_major(a).reshape(
-        batch, heads, groups, w, head_dim)
-    q_blocks = q.reshape(batch, heads, groups, w, head_dim)
-    k_blocks = as_blocks(k)
-    k_left, k_right = _neighbours(k_blocks, left, right, 0, axis=2)
-    # Keys of block g in key order: [end of g - 1 | block g | start of g + 1]
-    # (`_neighbours`: exactly the keys [g w - left, (g + 1) w + right)), one
-    # tile per block, so that scores and values take one batched product
-    # each (three products of a few keys each ran slower on CPU than the
-    # official code's single strided product). The tiles live only inside
-    # this function, which the backward pass recomputes, so they are never
-    # stored between the passes.
-    k_tiles = _tiles(k_left, k_blocks, k_right, axis=3)
-    win = jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, k_tiles,
-                     preferred_element_type=jnp.float32)
-    logits.append(win.reshape(batch, heads, length, slots))
-    m_blocks = key_mask.reshape(batch, groups, w)
-    m_left, m_right = _neighbours(m_blocks, left, right, False, axis=1)
-    m_tiles = _tiles(m_left, m_blocks, m_right, axis=2)[:, None, :, None, :]
-    if causal:
-      offset = jnp.arange(slots)[None, :] - jnp.arange(w)[:, None]
-      m_tiles = m_tiles & ((offset >= 1) & (offset <= w))
-    m_tiles = jnp.broadcast_to(m_tiles, (batch, 1, groups, w, slots))
-    valid.append(m_tiles.reshape(batch, 1, length, slots))
+    scores, masks = _window_scores(q, window[0], window[2], window_size,
+                                   left, right, causal)
+    logits.append(scores)
+    valid.append(masks)
 
   probs = base.safe_softmax_parts(logits, valid)
   probs = [p * query_mask[:, None, :, None] for p in probs]
@@ -280,15 +255,63 @@ def _attend(q: Array, projected, window, query_mask: Array,
   out = 0.0
   if projected is not None:
     out = out + jnp.einsum('bhnm,bhmd->bhnd', weights[0],
-                           heads_major(projected[1]))
+                           _heads_major(projected[1]))
   if window is not None:
-    a = weights[-1].reshape(batch, heads, groups, w, slots)
-    v_blocks = as_blocks(v)
-    v_left, v_right = _neighbours(v_blocks, left, right, 0, axis=2)
-    combined = jnp.einsum('bhgqk,bhgkd->bhgqd', a,
-                          _tiles(v_left, v_blocks, v_right, axis=3))
-    out = out + combined.reshape(batch, heads, length, head_dim)
-  return heads_major(out), probs
+    out = out + _window_values(weights[-1], window[1], window_size, left,
+                               right)
+  return _heads_major(out), probs
+
+
+def _heads_major(a: Array) -> Array:
+  """`[batch, length, heads, d]` <-> `[batch, heads, length, d]`."""
+  return a.transpose(0, 2, 1, 3)
+
+
+def _window_scores(q: Array, k: Array, key_mask: Array, w: int, left: int,
+                   right: int, causal: bool) -> tuple[Array, Array]:
+  """Scores of heads-major queries `[batch, heads, length, d]` against
+  their window keys (`k`: `[batch, length, heads, d]`), float32
+  `[batch, heads, length, left + w + right]`, and their validity
+  `[batch, 1, length, slots]`."""
+  batch, heads, length, head_dim = q.shape
+  groups, slots = length // w, left + w + right
+  q_blocks = q.reshape(batch, heads, groups, w, head_dim)
+  k_blocks = _heads_major(k).reshape(batch, heads, groups, w, head_dim)
+  k_left, k_right = _neighbours(k_blocks, left, right, 0, axis=2)
+  # Keys of block g in key order: [end of g - 1 | block g | start of g + 1]
+  # (`_neighbours`: exactly the keys [g w - left, (g + 1) w + right)), one
+  # tile per block, so that scores and values take one batched product
+  # each (three products of a few keys each ran slower on CPU than the
+  # official code's single strided product). The tiles live only inside
+  # `_attend`, which the backward pass recomputes, so they are never
+  # stored between the passes.
+  k_tiles = _tiles(k_left, k_blocks, k_right, axis=3)
+  win = jnp.einsum('bhgqd,bhgkd->bhgqk', q_blocks, k_tiles,
+                   preferred_element_type=jnp.float32)
+  m_blocks = key_mask.reshape(batch, groups, w)
+  m_left, m_right = _neighbours(m_blocks, left, right, False, axis=1)
+  m_tiles = _tiles(m_left, m_blocks, m_right, axis=2)[:, None, :, None, :]
+  if causal:
+    offset = jnp.arange(slots)[None, :] - jnp.arange(w)[:, None]
+    m_tiles = m_tiles & ((offset >= 1) & (offset <= w))
+  m_tiles = jnp.broadcast_to(m_tiles, (batch, 1, groups, w, slots))
+  return (win.reshape(batch, heads, length, slots),
+          m_tiles.reshape(batch, 1, length, slots))
+
+
+def _window_values(weights: Array, v: Array, w: int, left: int, right: int
+                   ) -> Array:
+  """The window part of the output, `[batch, heads, length, d]`, from its
+  weights `[batch, heads, length, slots]` and the values `[batch, length,
+  heads, d]`."""
+  batch, length, heads, head_dim = v.shape
+  groups, slots = length // w, left + w + right
+  a = weights.reshape(batch, heads, groups, w, slots)
+  v_blocks = _heads_major(v).reshape(batch, heads, groups, w, head_dim)
+  v_left, v_right = _neighbours(v_blocks, left, right, 0, axis=2)
+  combined = jnp.einsum('bhgqk,bhgkd->bhgqd', a,
+                        _tiles(v_left, v_blocks, v_right, axis=3))
+  return combined.reshape(batch, heads, length, head_dim)
 
 
 class _AttendConfig(NamedTuple):
