@@ -639,6 +639,48 @@ def _spans(g: _Grid, axis: int, reverse: bool, pool: str, t: int,
   return k_span, out, has[:, 0, :, :, 0]
 
 
+def _vertical_summaries(spans: Callable[..., Any], m: int, causal: bool
+                        ) -> Keys:
+  """Query (r, c) reaches column c' != c above (below) its row through the
+  summary stored at (r, c'): the kinds side by side in each row."""
+  parts = [spans(axis=2, reverse=False)]
+  if not causal:
+    parts.append(spans(axis=2, reverse=True))
+  return Keys(_stack_rows([p[0] for p in parts]),
+              _stack_rows([p[1] for p in parts]),
+              _flag_rows(jnp.stack([p[2] for p in parts], 2)),
+              GroupRule(m, len(parts), 'ne'), direct=False)
+
+
+def _horizontal_summaries(spans: Callable[..., Any], n: int, causal: bool
+                          ) -> Keys:
+  """Query (r, c) reaches row r' != r (LM: r' < r) left (right) of its
+  column through the summary stored at (r', c)."""
+  parts = [spans(axis=3, reverse=False), spans(axis=3, reverse=True)]
+  return Keys(_stack_cols([p[0] for p in parts]),
+              _stack_cols([p[1] for p in parts]),
+              _flag_rows(jnp.stack([jnp.swapaxes(p[2], 1, 2)
+                                    for p in parts], 2)),
+              GroupRule(n, 2, 'lt' if causal else 'ne'), direct=False)
+
+
+def _rowmajor_summaries(g: _Grid, row_queries: Array, row_keys: Keys,
+                        summary_key: Callable[[Array], Array], causal: bool,
+                        t: int, dropout_rate: float, seeds: Seeds) -> Keys:
+  """Rowmajor's summaries: full attention inside each row (its local
+  expectation for every column), keyed by the learned abstraction keys
+  (Flax, in the mechanism)."""
+  n, m = g.real.shape[1:]
+  full_rows = row_keys._replace(rule=GroupRule(m, 1, 'all'))
+  row_out = _flash_attend(row_queries, full_rows, t, dropout_rate,
+                          seeds.next() if dropout_rate else None)
+  row_out = row_out.reshape(*g.q.shape[:4], -1)
+  key = _grid_heads(summary_key(jnp.transpose(row_out, (0, 2, 3, 1, 4))))
+  has = jnp.broadcast_to(jnp.any(g.real, axis=2)[:, :, None], g.real.shape)
+  return Keys(_cols(key), _cols(row_out), _flag_cols(has),
+              GroupRule(n, 1, 'lt' if causal else 'ne'), direct=False)
+
+
 def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
           plan: str, row_length: int, offset: int, causal: bool, pool: str,
           summary_key: Optional[Callable[[Array], Array]] = None,
@@ -687,42 +729,15 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   joint = lambda keys: _joint({layout: queries[layout] for layout in keys},
                               keys, n, m, t, dropout_rate, seeds)
 
-  def vertical():
-    # Query (r, c) reaches column c' != c above (below) its row through the
-    # summary stored at (r, c'): the kinds side by side in each row.
-    parts = [spans(axis=2, reverse=False)]
-    if not causal:
-      parts.append(spans(axis=2, reverse=True))
-    return Keys(_stack_rows([p[0] for p in parts]),
-                _stack_rows([p[1] for p in parts]),
-                _flag_rows(jnp.stack([p[2] for p in parts], 2)),
-                GroupRule(m, len(parts), 'ne'), direct=False)
-
-  def horizontal():
-    # Query (r, c) reaches row r' != r (LM: r' < r) left (right) of its
-    # column through the summary stored at (r', c).
-    parts = [spans(axis=3, reverse=False), spans(axis=3, reverse=True)]
-    return Keys(_stack_cols([p[0] for p in parts]),
-                _stack_cols([p[1] for p in parts]),
-                _flag_rows(jnp.stack([jnp.swapaxes(p[2], 1, 2)
-                                      for p in parts], 2)),
-                GroupRule(n, 2, 'lt' if causal else 'ne'), direct=False)
-
+  vertical = lambda: _vertical_summaries(spans, m, causal)
+  horizontal = lambda: _horizontal_summaries(spans, n, causal)
   if plan == 'vertical':
     out = joint({'rows': [row_keys, vertical()], 'cols': [col_keys]})
   elif plan == 'horizontal':
     out = joint({'rows': [row_keys], 'cols': [col_keys, horizontal()]})
   elif plan == 'rowmajor':
-    # Full attention inside each row (its local expectation for every
-    # column), then the learned abstraction keys (Flax, in the mechanism).
-    full_rows = row_keys._replace(rule=GroupRule(m, 1, 'all'))
-    row_out = _flash_attend(queries['rows'], full_rows, t, dropout_rate,
-                            seeds.next() if dropout_rate else None)
-    row_out = row_out.reshape(*g.q.shape[:4], -1)
-    key = _grid_heads(summary_key(jnp.transpose(row_out, (0, 2, 3, 1, 4))))
-    has = jnp.broadcast_to(jnp.any(g.real, axis=2)[:, :, None], g.real.shape)
-    summaries = Keys(_cols(key), _cols(row_out), _flag_cols(has),
-                     GroupRule(n, 1, 'lt' if causal else 'ne'), direct=False)
+    summaries = _rowmajor_summaries(g, queries['rows'], row_keys, summary_key,
+                                    causal, t, dropout_rate, seeds)
     out = joint({'rows': [row_keys], 'cols': [summaries]})
   elif plan == 'mixture':
     v_spans, h_spans = vertical(), horizontal()
