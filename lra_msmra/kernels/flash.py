@@ -76,7 +76,7 @@ per query tile for the dK / dV kernel, which works on transposed tiles
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 from jax import lax
@@ -910,6 +910,40 @@ def _flags(valid: Array, multiple: int) -> Array:
   return flags.reshape(flags.shape[0], -1, multiple)
 
 
+def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
+                     extra: Optional[tuple[Array, Array, Array]], block: int
+                     ) -> tuple[int, Callable[[Array], Array], Any, Any]:
+  """The tile t, the padding of queries and keys (to a multiple of t along
+  the sequence, to a power of two of at least 16 along the head), and the
+  padded (keys, values, flag rows) of the window and of the extra keys
+  (each None when absent)."""
+  parts = [p for p in (window, extra) if p is not None]
+  longest = max([q.shape[2]] + [p[0].shape[2] for p in parts])
+  widths = (tile_size(q.shape[3], 2**30), tile_size(parts[0][1].shape[3],
+                                                     2**30))
+  t = tile_size(longest, max_block(max(widths), q.dtype, block))
+  keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
+  values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
+  padded = lambda p: (None if p is None else
+                      (keys(p[0]), values(p[1]), _flags(p[2], t)))
+  return t, keys, padded(window), padded(extra)
+
+
+def _dropout_seed(dropout_rate: float, dropout_seed: Optional[Array]
+                  ) -> Optional[Array]:
+  """The kernels' int32 seed of `dropout_seed` (None without dropout), or
+  a ValueError for a bad rate or a missing seed."""
+  if not 0.0 <= dropout_rate < 1.0:
+    raise ValueError(f'dropout_rate={dropout_rate} must be in [0, 1).')
+  if not dropout_rate:
+    return None
+  if dropout_seed is None:
+    raise ValueError('dropout_rate > 0 needs a dropout_seed (an int32 '
+                     'scalar drawn from the dropout RNG).')
+  return lax.bitcast_convert_type(
+      jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32)
+
+
 def flash_attention(q: Array, k: Optional[Array] = None,
                     v: Optional[Array] = None,
                     key_valid: Optional[Array] = None, *,
@@ -953,36 +987,17 @@ def flash_attention(q: Array, k: Optional[Array] = None,
   """
   if window is None and extra is None:
     raise ValueError('flash_attention needs a window, extra keys or both.')
-  longest = max([q.shape[2]] + ([k.shape[2]] if window is not None else [])
-                + ([extra[0].shape[2]] if extra is not None else []))
-  v_dim = (v if window is not None else extra[1]).shape[3]
-  widths = (tile_size(q.shape[3], 2**30), tile_size(v_dim, 2**30))
-  t = tile_size(longest, max_block(max(widths), q.dtype, block))
-  keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
-  values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
   if window is not None:
     window.check()
     if window.causal and k.shape[2] != q.shape[2]:
       raise ValueError(f'A causal window needs as many keys as queries, got '
                        f'{k.shape[2]} and {q.shape[2]}.')
-    window_args = (keys(k), values(v), _flags(key_valid, t))
-  else:
-    window_args = None
   if extra is not None:
     extra_rule.check()
-    kx, vx, x_valid = extra
-    extra_args = (keys(kx), values(vx), _flags(x_valid, t))
-  else:
-    extra_args = None
-  if not 0.0 <= dropout_rate < 1.0:
-    raise ValueError(f'dropout_rate={dropout_rate} must be in [0, 1).')
-  seed = None
-  if dropout_rate:
-    if dropout_seed is None:
-      raise ValueError('dropout_rate > 0 needs a dropout_seed (an int32 '
-                       'scalar drawn from the dropout RNG).')
-    seed = lax.bitcast_convert_type(
-        jnp.asarray(dropout_seed).astype(jnp.uint32), jnp.int32)
+  t, keys, window_args, extra_args = _padded_operands(
+      q, (k, v, key_valid) if window is not None else None, extra, block)
+  v_dim = (v if window is not None else extra[1]).shape[3]
+  seed = _dropout_seed(dropout_rate, dropout_seed)
   nq = q.shape[2]
   mass = bool(return_extra_mass and extra is not None)
   static = _Static(window, extra_rule if extra is not None else None, t,
