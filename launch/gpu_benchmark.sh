@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the GPU benchmark (`python -m lra_msmra.benchmark.device`) on a GPU
+# Runs the GPU benchmark (`python -m lra_msmra_tools.benchmark.device`) on a GPU
 # machine in one go, within a time budget, and leaves its JSON, markdown
 # report, plot and log in OUT_DIR. For a machine with no package index:
 # the pure-Python wheels the project needs beyond JAX/Flax (ml_collections,
@@ -15,14 +15,14 @@ Runs, from the repository root:
   [pip install of .wheels/*.whl into $SITE, if ml_collections or
    tensorboardX is missing]
   XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=[$SITE:]$PWD \
-      timeout $((BUDGET_S + 60)) python3 -m lra_msmra.benchmark.device \
+      timeout $((BUDGET_S + 60)) python3 -m lra_msmra_tools.benchmark.device \
       --out OUT_DIR --budget_s $BUDGET_S [DEVICE_FLAGS...] \
       2>&1 | tee OUT_DIR/device.log
 
 OUT_DIR then holds device.json (every record, the environment, the device),
 device.md, device.png and device.log. Turn the JSON into the GPU section of
 docs/benchmarks.md with
-  python -m lra_msmra.benchmark.device_report --json OUT_DIR/device.json \
+  python -m lra_msmra_tools.benchmark.device_report --json OUT_DIR/device.json \
       --docs docs/benchmarks.md --image docs/img/gpu_benchmark.png
 
 Environment:
@@ -56,7 +56,7 @@ run mkdir -p "$out"
 cmd=(env XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
      "PYTHONPATH=$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
      timeout --kill-after=20 "$((budget + 60))"
-     "$python" -m lra_msmra.benchmark.device --out "$out"
+     "$python" -m lra_msmra_tools.benchmark.device --out "$out"
      --budget_s "$budget" ${extra[@]+"${extra[@]}"})
 if [[ "$dry_run" == 1 ]]; then
   echo "$(join_quoted "${cmd[@]}") 2>&1 | $(join_quoted tee "$out/device.log")"

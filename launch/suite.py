@@ -57,7 +57,7 @@ Every run is the main command, unchanged:
   meanwhile); when the pretraining fails, it is not started and counts as
   failed. `--pretrain_override` passes `--config.key=value` to the
   pretraining run only (e.g. `num_train_steps=500`).
-* At the end `python -m lra_msmra.results --runs <root>/<protocol> --out
+* At the end `python -m lra_msmra_tools.results --runs <root>/<protocol> --out
   <root>/<protocol>/summary` writes the table and the bubble chart
   (`--benchmark` forwards a train_step.json for the chart's speed/memory).
 """
@@ -489,7 +489,7 @@ def main(argv: Sequence[str]) -> int:
                     logs=args.jobs > 1, min_start_s=args.min_start_s,
                     stop_grace_s=args.stop_grace_s)
   failed = list(outcome.failed)
-  summary = [sys.executable, '-m', 'lra_msmra.results', '--runs',
+  summary = [sys.executable, '-m', 'lra_msmra_tools.results', '--runs',
              os.path.join(args.root, args.protocol), '--out',
              os.path.join(args.root, args.protocol, 'summary')]
   if args.benchmark:

@@ -5,12 +5,12 @@ that cannot change its numbers (where the data lives, the seed, logging and
 checkpoint periods, evaluation batch size, gradient accumulation), plus
 where its examples came from (`data_source`: release files, our seeded
 generator with its settings, or mock examples). Runs with equal settings
-differ only by seed; `python -m lra_msmra.results` averages exactly those.
+differ only by seed; `python -m lra_msmra_tools.results` averages exactly those.
 
 The *fingerprint* is a short hash of the setting, written to `results.json`
 so runs can be told apart at a glance. A run has the *official config* of a
 protocol when its setting equals that of one of our config files under the
-protocol's option with no override (see `lra_msmra.results`).
+protocol's option with no override (see `lra_msmra_tools.results`).
 """
 
 from __future__ import annotations

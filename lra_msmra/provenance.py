@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 PACKAGES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy',
             'ml_collections')
-# glibc's tunable for huge pages in malloc (`lra_msmra.benchmark.cpu_malloc`
+# glibc's tunable for huge pages in malloc (`lra_msmra_tools.benchmark.cpu_malloc`
 # says why it matters to XLA:CPU) and the kernel's transparent huge page
 # mode.
 HUGETLB_TUNABLE = 'glibc.malloc.hugetlb'
@@ -130,7 +130,7 @@ def host_memory(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
   """Code, versions, devices and host memory settings of this process, for
   results.json. The memory settings change the speed, never the numbers
-  (`lra_msmra.benchmark.cpu_malloc`). Runs recorded before 2026-11-29 also
+  (`lra_msmra_tools.benchmark.cpu_malloc`). Runs recorded before 2026-11-29 also
   hold `cpu_unrolled_threefry`, an option since removed that drew the same
   dropout bits faster on the CPU."""
   return {'code': dict(git_commit(), source_digest=source_digest()),

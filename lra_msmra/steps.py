@@ -1,7 +1,7 @@
 """The train state and the step functions, shared by everything that runs them.
 
 `lra_msmra.train` (the training loop), `lra_msmra.checkpoint` (restoring a
-model outside the trainer), the benchmarks and `lra_msmra.scaling` build the
+model outside the trainer), the benchmarks and `lra_msmra_tools.scaling` build the
 same programs from here:
 
 * `build`: the model, optimizer and learning-rate schedule of a config for a

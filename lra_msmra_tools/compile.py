@@ -8,7 +8,7 @@ r"""Compiles a config's train and eval steps for TPUs and GPUs, on a CPU.
 For every target (`lra_msmra_tools.targets`: `v5e:2x2`, `v5e-4`, `v4-8`,
 `v5p:2x2x1`, `v6e:4x4`, `h100:8`, `h200:2x8`, ...) the trainer's jitted train
 step (forward, loss, backward, optimizer update, state donated) and eval
-step (`lra_msmra.steps.jit_steps` through `lra_msmra.scaling.build_steps`),
+step (`lra_msmra.steps.jit_steps` through `lra_msmra_tools.scaling.build_steps`),
 at the config's global batch, over a data-parallel mesh of all the target's
 devices, are compiled for real by the target's own compiler (libtpu; XLA's
 CUDA compiler down to sm_90a machine code) against compile-only devices:
@@ -74,9 +74,9 @@ import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from lra_msmra import reporting
-from lra_msmra.benchmark import outputs
+from lra_msmra_tools import reporting
 from lra_msmra_tools import targets
+from lra_msmra_tools.benchmark import outputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = 'python -m lra_msmra_tools.compile'
@@ -539,7 +539,7 @@ def run_cell(job: Job) -> dict[str, Any]:
                hosts=target.num_hosts, hbm_bytes=target.hbm_bytes,
                usable_bytes=usable_bytes(target, job.usable),
                device_kind=target.device_kind)
-    from lra_msmra import scaling  # pylint: disable=g-import-not-at-top
+    from lra_msmra_tools import scaling  # pylint: disable=g-import-not-at-top
     from lra_msmra import sharding  # pylint: disable=g-import-not-at-top
     # pylint: disable=g-import-not-at-top
     from lra_msmra import steps as steps_lib
@@ -691,7 +691,7 @@ def run_jobs(jobs: Sequence[Job], workers: int, quiet: bool = True,
 # ----------------------------------------------------------------- reports
 
 
-# The house formats (MiB for memory, lra_msmra.reporting).
+# The house formats (MiB for memory, lra_msmra_tools.reporting).
 fmt_bytes = reporting.fmt_bytes
 fmt_flops = outputs.fmt_flops
 

@@ -189,7 +189,7 @@ def _define_flags(argv: Sequence[str]):
 
 
 def main(argv: Sequence[str]) -> int:
-  from lra_msmra import scaling  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools import scaling  # pylint: disable=g-import-not-at-top
   targets.prepare_environment()
   try:
     fv = compile_lib.parse_flags(argv, _define_flags)

@@ -28,7 +28,8 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCANNED = ('lra_msmra', 'configs', 'tests', 'launch', 'README.md', 'docs')
+SCANNED = ('lra_msmra', 'lra_msmra_tools', 'configs', 'tests', 'launch',
+           'README.md', 'docs')
 SUFFIXES = ('.py', '.md', '.sh', '.txt', '.ini', '.cfg', '.toml', '.yaml',
             '.yml')
 PITFALL_DOC = 'docs/protocol.md'

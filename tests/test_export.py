@@ -13,7 +13,7 @@ one multi-platform lowering (`.trace(...).lower(lowering_platforms=('tpu',
 allocated. A failure names the config, the dtype, the step, the platform and
 the operation that has no lowering there. The same check at full size
 through `jax.export.export`, with memory figures: `python -m
-lra_msmra.scaling` (docs/scaling.md).
+lra_msmra_tools.scaling` (docs/scaling.md).
 
 Cost: tracing and lowering are single-threaded Python, about 4 s of CPU per
 config (both dtypes, both steps; the bfloat16 program is traced and lowered
@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lra_msmra import scaling
 from lra_msmra import sharding
 from lra_msmra import validation
+from lra_msmra_tools import scaling
 
 # One test worker runs this file, so its module-scoped fixture is built
 # once (pytest-xdist's `--dist loadgroup`, set in pytest.ini).

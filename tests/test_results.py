@@ -12,9 +12,9 @@ import pytest
 
 from lra_msmra import attention
 from lra_msmra import config_lib
-from lra_msmra import published
-from lra_msmra import reporting
-from lra_msmra import results
+from lra_msmra_tools import published
+from lra_msmra_tools import reporting
+from lra_msmra_tools import results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -256,7 +256,7 @@ def test_suite_dry_run(tmp_path):
              and 'seed1' in l and '--config.seed=1' in l for l in runs)
   assert any('configs/listops/combiner_fixed.py:xiong,runlocal' in l
              for l in runs)
-  assert 'lra_msmra.results' in lines[-1]
+  assert 'lra_msmra_tools.results' in lines[-1]
   missing = subprocess.run(cmd[:5] + ['nope'] + cmd[6:], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
   assert missing.returncode != 0 and 'Missing config' in missing.stderr

@@ -27,18 +27,18 @@ import flax.linen as nn
 from lra_msmra.attention.adamra import AdaMRAAttention
 from lra_msmra.attention.base import Attention
 from lra_msmra.attention.bigbird import BigBirdAttention
-from lra_msmra.attention.linformer import LinformerAttention
-from lra_msmra.attention.local import LocalAttention
-from lra_msmra.attention.longformer import LongformerAttention
-from lra_msmra.attention.sparse import SparseAttention
 from lra_msmra.attention.combiner import CombinerAttention
 from lra_msmra.attention.cst import CompositeSliceAttention
 from lra_msmra.attention.linear import LinearAttention
+from lra_msmra.attention.linformer import LinformerAttention
+from lra_msmra.attention.local import LocalAttention
 from lra_msmra.attention.long_short import LongShortAttention
+from lra_msmra.attention.longformer import LongformerAttention
 from lra_msmra.attention.performer import PerformerAttention
 from lra_msmra.attention.reformer import ReformerAttention
 from lra_msmra.attention.sinkhorn import SinkhornAttention
 from lra_msmra.attention.softmax import SoftmaxAttention
+from lra_msmra.attention.sparse import SparseAttention
 from lra_msmra.attention.synthesizer import SynthesizerAttention
 
 REGISTRY: dict[str, type[Attention]] = {

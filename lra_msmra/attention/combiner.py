@@ -67,8 +67,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lra_msmra.attention import base
-from lra_msmra.kernels import combiner_spans as spans
 from lra_msmra.kernels import combiner as fused
+from lra_msmra.kernels import combiner_spans as spans
 from lra_msmra.kernels import flash
 
 Array = jax.Array

@@ -74,9 +74,9 @@ from jax import lax
 import jax.numpy as jnp
 
 from lra_msmra.kernels import combiner_spans
-from lra_msmra.kernels import safe_softmax
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import mesh as mesh_lib
+from lra_msmra.kernels import safe_softmax
 
 # flash's kernels with other mask rules and merged softmaxes (see the module
 # docstring), and the mechanism's pooling and grid helpers.

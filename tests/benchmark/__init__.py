@@ -50,7 +50,7 @@ def run_attention_tiny(out, *args: str, heads: int, features: int
                        ) -> subprocess.CompletedProcess:
   """Runs the attention benchmark on tiny shapes (batch 2, 2 repeats, the
   tests' fast compiles); returns the finished process, whatever its status."""
-  cmd = [sys.executable, '-m', 'lra_msmra.benchmark.attention', '--batch',
+  cmd = [sys.executable, '-m', 'lra_msmra_tools.benchmark.attention', '--batch',
          '2', '--features', str(features), '--heads', str(heads),
          '--repeats', '2', '--memory_budget_gb', '8', '--out', str(out),
          *args]

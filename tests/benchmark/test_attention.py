@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from lra_msmra import flops
-from lra_msmra.benchmark import attention
+from lra_msmra_tools.benchmark import attention
 from tests.benchmark import run_benchmark
 
 # One test worker runs this file, so its module-scoped fixture is built
@@ -21,7 +21,7 @@ LENGTHS = [16, 32]
 @pytest.fixture(scope='module')
 def bench_dir(tmp_path_factory):
   out = tmp_path_factory.mktemp('attention')
-  run_benchmark('lra_msmra.benchmark.attention', MECHANISMS, LENGTHS, out,
+  run_benchmark('lra_msmra_tools.benchmark.attention', MECHANISMS, LENGTHS, out,
                 '--batch', '1', '--features', '16', '--heads', '2',
                 '--repeats', '2', '--torch', 'off', '--hugepages', 'jax')
   return out
@@ -132,7 +132,7 @@ def test_host_memory_line_says_who_got_the_tunable():
     ('--lengths', '1024,x', "--lengths: Length 'x' is not an integer"),
 ])
 def test_a_bad_spec_or_length_is_one_usage_line(flag, value, message, capsys):
-  from lra_msmra.benchmark import train_step  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools.benchmark import train_step  # pylint: disable=g-import-not-at-top
   for command in (attention, train_step):
     with pytest.raises(SystemExit) as exit_info:
       command.parse_args(['--out', 'x', flag, value])

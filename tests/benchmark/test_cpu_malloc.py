@@ -1,10 +1,10 @@
 """The huge page setting for XLA:CPU's buffers: reading and building it
-(lra_msmra/benchmark/cpu_malloc.py; the readers live in provenance.py)."""
+(lra_msmra_tools/benchmark/cpu_malloc.py; the readers live in provenance.py)."""
 
 import subprocess
 import sys
 
-from lra_msmra.benchmark import cpu_malloc
+from lra_msmra_tools.benchmark import cpu_malloc
 
 
 def test_the_tunable_is_read_from_glibc_tunables():
@@ -40,7 +40,7 @@ def test_describe_reports_what_a_child_process_was_given():
   env = cpu_malloc.with_hugepages({'MALLOC_ARENA_MAX': '2'})
   out = subprocess.run(
       [sys.executable, '-c', 'import json, sys; '
-       'from lra_msmra.benchmark import cpu_malloc; '
+       'from lra_msmra_tools.benchmark import cpu_malloc; '
        'print(json.dumps(cpu_malloc.describe())); '
        # The benchmarks' parent process reads it without JAX.
        'print("jax" in sys.modules)'],

@@ -15,9 +15,9 @@ import types
 import pytest
 
 from lra_msmra import hardware
-from lra_msmra.benchmark import device
-from lra_msmra.benchmark import device_report
-from lra_msmra.benchmark import roofline
+from lra_msmra_tools.benchmark import device
+from lra_msmra_tools.benchmark import device_report
+from lra_msmra_tools.benchmark import roofline
 from tests import helpers
 
 # The pipeline fixture is built once, on one test worker.
@@ -279,7 +279,7 @@ def synthetic_report(device_kind=H100):
                   'steps_per_s': 100.0, 'flops': 1e12,
                   'xla_peak_bytes': 1e9, 'compile_s': 30.0})
   return {
-      'command': 'python -m lra_msmra.benchmark.device --out X',
+      'command': 'python -m lra_msmra_tools.benchmark.device --out X',
       'environment': {'date_utc': '2026-11-27T00:00:00+00:00', 'cpu': 'CPU',
                       'cores': '16 CPU cores',
                       'versions': {'jax': '0.11.2', 'torch': None}},
@@ -383,7 +383,7 @@ def test_report_command_writes_docs(tmp_path):
   image = tmp_path / 'docs' / 'img' / 'gpu.png'
   image.parent.mkdir()
   proc = subprocess.run(
-      [sys.executable, '-m', 'lra_msmra.benchmark.device_report', '--json',
+      [sys.executable, '-m', 'lra_msmra_tools.benchmark.device_report', '--json',
        str(path), '--docs', str(docs), '--image', str(image)],
       capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
@@ -397,7 +397,7 @@ def test_report_command_writes_docs(tmp_path):
 
 def run_device(out, *flags, timeout=600):
   proc = subprocess.run(
-      [sys.executable, '-m', 'lra_msmra.benchmark.device', '--out', str(out),
+      [sys.executable, '-m', 'lra_msmra_tools.benchmark.device', '--out', str(out),
        *flags], cwd=helpers.ROOT, capture_output=True, text=True,
       timeout=timeout)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -464,7 +464,7 @@ def test_pipeline_outputs(pipeline):
   assert '### Time, forward+backward, float32, batch 2' in text
   assert '### Training steps' in text
   assert 'not available' in text
-  assert report['command'].startswith('python -m lra_msmra.benchmark.device')
+  assert report['command'].startswith('python -m lra_msmra_tools.benchmark.device')
   assert set(report['phases']) >= {'compile', 'end'}
 
 
@@ -524,7 +524,7 @@ def test_script_dry_run(tmp_path):
   assert shlex.split(command) == [
       'env', 'XLA_PYTHON_CLIENT_PREALLOCATE=false', 'PYTHONUNBUFFERED=1',
       f'PYTHONPATH=/tmp/site:{helpers.ROOT}', 'timeout', '--kill-after=20',
-      '360', 'python3', '-m', 'lra_msmra.benchmark.device', '--out', out,
+      '360', 'python3', '-m', 'lra_msmra_tools.benchmark.device', '--out', out,
       '--budget_s', '300', '--layers', 'softmax']
   # Without wheels to install: no pip, the default budget.
   proc = run_script('--dry_run', out, INSTALL_WHEELS='no')

@@ -3,9 +3,9 @@ and how they predict it."""
 
 import pytest
 
-from lra_msmra.benchmark import cpu_malloc
-from lra_msmra.benchmark import memory
-from lra_msmra.benchmark import workers
+from lra_msmra_tools.benchmark import cpu_malloc
+from lra_msmra_tools.benchmark import memory
+from lra_msmra_tools.benchmark import workers
 
 GIB = memory.GIB
 

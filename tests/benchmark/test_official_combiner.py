@@ -31,8 +31,8 @@ import jax
 import numpy as np
 import pytest
 
-from lra_msmra.benchmark import attention
-from lra_msmra.benchmark import official_combiner
+from lra_msmra_tools.benchmark import attention
+from lra_msmra_tools.benchmark import official_combiner
 from tests.benchmark import assert_check_failed
 from tests.benchmark import random_layer
 from tests.benchmark import run_attention_tiny

@@ -26,8 +26,8 @@ import jax
 import numpy as np
 import pytest
 
-from lra_msmra.benchmark import attention
-from lra_msmra.benchmark import official_ls
+from lra_msmra_tools.benchmark import attention
+from lra_msmra_tools.benchmark import official_ls
 from tests.benchmark import assert_check_failed
 from tests.benchmark import random_layer
 from tests.benchmark import run_attention_tiny

@@ -3,9 +3,9 @@ legends beside the panels."""
 
 import pytest
 
-from lra_msmra import reporting
-from lra_msmra.benchmark import attention
-from lra_msmra.benchmark import outputs
+from lra_msmra_tools import reporting
+from lra_msmra_tools.benchmark import attention
+from lra_msmra_tools.benchmark import outputs
 
 LENGTHS = [1024, 2048, 4096]
 

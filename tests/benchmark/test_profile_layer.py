@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from lra_msmra.benchmark import profile_layer
+from lra_msmra_tools.benchmark import profile_layer
 
 HLO = """HloModule m
 
@@ -110,7 +110,7 @@ def test_command_line_writes_its_report(tmp_path, capsys, monkeypatch):
   report = json.load(open(tmp_path / 'profile.json'))
   assert report['payload']['kw'] == {'window_size': 4, 'num_landmarks': 4}
   assert report['command'].startswith(
-      'python -m lra_msmra.benchmark.profile_layer --mechanism long_short')
+      'python -m lra_msmra_tools.benchmark.profile_layer --mechanism long_short')
   # The trace (tens of MB at full size) is not left in the temp folder.
   assert not os.listdir(system_temp)
 

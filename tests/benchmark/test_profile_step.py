@@ -3,7 +3,7 @@
 import os
 import tempfile
 
-from lra_msmra.benchmark import profile_step
+from lra_msmra_tools.benchmark import profile_step
 from tests import helpers
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lra_msmra.benchmark import runlocal
+from lra_msmra_tools.benchmark import runlocal
 
 
 def _report():

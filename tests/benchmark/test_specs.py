@@ -2,7 +2,7 @@
 
 import pytest
 
-from lra_msmra.benchmark import specs
+from lra_msmra_tools.benchmark import specs
 
 
 def test_parse_specs():

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from lra_msmra.benchmark import train_step
+from lra_msmra_tools.benchmark import train_step
 from tests.benchmark import run_benchmark
 
 # One test worker runs this file, so its module-scoped fixture is built
@@ -19,7 +19,7 @@ LENGTHS = [16, 32]
 @pytest.fixture(scope='module')
 def bench_dir(tmp_path_factory):
   out = tmp_path_factory.mktemp('train_step')
-  run_benchmark('lra_msmra.benchmark.train_step', MECHANISMS, LENGTHS, out,
+  run_benchmark('lra_msmra_tools.benchmark.train_step', MECHANISMS, LENGTHS, out,
                 '--options', 'runlocal', '--batch', '2', '--repeats', '2')
   return out
 
@@ -67,7 +67,7 @@ def _report(task='text', baseline='softmax', lengths=(1024, 4096)):
        'num_params': 10, 'device': {'device_kind': 'cpu', 'backend': 'cpu'}}
       for m in ('softmax', 'performer', 'cst') for n in lengths]
   return {
-      'command': 'python -m lra_msmra.benchmark.train_step ...',
+      'command': 'python -m lra_msmra_tools.benchmark.train_step ...',
       'settings': {'task': task, 'options': '', 'lengths': list(lengths),
                    'mechanisms': ['softmax', 'performer', 'cst'],
                    'baseline': baseline, 'batch': 4, 'repeats': 3,

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from lra_msmra.data import pathfinder
-from lra_msmra.data import png
 from lra_msmra.data import pathfinder_generator
+from lra_msmra.data import png
 from lra_msmra.data import splits
 from tests.data.helpers import make_png
 from tests.data.helpers import needs_tfds_extra

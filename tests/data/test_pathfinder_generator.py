@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from lra_msmra.data import pathfinder
-from lra_msmra.data import png
 from lra_msmra.data import pathfinder_generator as pg
+from lra_msmra.data import png
 from lra_msmra.data import prepare
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)),

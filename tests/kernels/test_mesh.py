@@ -86,7 +86,7 @@ def test_pallas_training_steps_lower_on_a_mesh_for_tpu_and_gpu(config_file):
   devices with the batch split (shard_map around every kernel call),
   lower for tpu and for cuda in bfloat16."""
   import os  # pylint: disable=g-import-not-at-top
-  from lra_msmra import scaling  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools import scaling  # pylint: disable=g-import-not-at-top
   from lra_msmra import validation  # pylint: disable=g-import-not-at-top
   config = scaling.load_config(
       os.path.join(scaling.CONFIG_ROOT, 'listops', config_file), 'runlocal')

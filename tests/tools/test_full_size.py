@@ -15,9 +15,9 @@ import pytest
 
 from tests import helpers
 
-from lra_msmra import scaling
 from lra_msmra_tools import compile as compile_lib
 from lra_msmra_tools import fits
+from lra_msmra_tools import scaling
 
 pytestmark = [
     pytest.mark.slow,

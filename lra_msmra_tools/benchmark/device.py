@@ -1,6 +1,6 @@
 r"""The GPU benchmark: every attention implementation in one bounded run.
 
-  python -m lra_msmra.benchmark.device --out DIR [--budget_s 440]
+  python -m lra_msmra_tools.benchmark.device --out DIR [--budget_s 440]
 
 (`launch/gpu_benchmark.sh OUT_DIR` runs it on a GPU machine; `launch/README.md`
 says how.) It measures, within `--budget_s` seconds in all:
@@ -12,7 +12,7 @@ says how.) It measures, within `--budget_s` seconds in all:
   forward+backward in bfloat16 at batch 4 and 32, then forward in bfloat16,
   then both in float32 at batch 4), for every (mechanism, implementation)
   of `VARIANTS`. `fwd` and `fwd_bwd` are those of
-  `lra_msmra.benchmark.attention` (the cotangent depends on the output).
+  `lra_msmra_tools.benchmark.attention` (the cotangent depends on the output).
 * **Training steps** of the ListOps `:cst` configs of `VARIANTS`
   (`lra_msmra.steps.train_step`, state donated, on a synthetic batch of the
   config's shape: batch 32, 2000 tokens) in each dtype of `--train_dtypes`.
@@ -40,7 +40,7 @@ Per point:
   step, counted from its jaxpr (`lra_msmra.flops`), also for the
   other implementations, whose kernels hide their products from a jaxpr;
 * bytes: the layer's compulsory memory traffic
-  (`lra_msmra.benchmark.roofline`);
+  (`lra_msmra_tools.benchmark.roofline`);
 * memory: the buffers XLA assigns to one call, from
   `compiled.memory_analysis()`: arguments + outputs + temporaries - aliased
   (`xla_peak_bytes`; the figure compared in the report). The device
@@ -51,7 +51,7 @@ Per point:
 
 Points that do not fit are recorded, never crash the run: a point whose
 peak, predicted from shorter lengths of the same setting
-(`lra_msmra.benchmark.memory.predict_bytes`), or measured by
+(`lra_msmra_tools.benchmark.memory.predict_bytes`), or measured by
 `memory_analysis()`, is over 90 % of the device's memory limit is not run
 ('does not fit'), nor are longer lengths of that setting; a compile or call
 that runs out of memory is 'out of memory'; a point predicted (from the
@@ -62,8 +62,8 @@ is 'not available'; what the budget leaves out is 'not run'.
 
 Outputs in `--out`: `device.json` (every record, the environment, the
 device and its peaks; rewritten after every worker's turn),
-`device.md` (the report of `lra_msmra.benchmark.device_report`) and
-`device.png` (its plot). `python -m lra_msmra.benchmark.device_report`
+`device.md` (the report of `lra_msmra_tools.benchmark.device_report`) and
+`device.png` (its plot). `python -m lra_msmra_tools.benchmark.device_report`
 turns the JSON into the GPU section of docs/benchmarks.md.
 """
 
@@ -83,13 +83,13 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from lra_msmra.benchmark import environment
-from lra_msmra.benchmark import memory
-from lra_msmra.benchmark import outputs
-from lra_msmra.benchmark import specs
-from lra_msmra.benchmark import workers
+from lra_msmra_tools.benchmark import environment
+from lra_msmra_tools.benchmark import memory
+from lra_msmra_tools.benchmark import outputs
+from lra_msmra_tools.benchmark import specs
+from lra_msmra_tools.benchmark import workers
 
-MODULE = 'lra_msmra.benchmark.device'
+MODULE = 'lra_msmra_tools.benchmark.device'
 
 
 class Variant(NamedTuple):
@@ -433,9 +433,9 @@ def _layer_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
   from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import Mechanism  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import attention as attention_bench  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools.benchmark import attention as attention_bench  # pylint: disable=g-import-not-at-top
   from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import roofline  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools.benchmark import roofline  # pylint: disable=g-import-not-at-top
 
   spec = specs.parse_specs(payload['name'])[0]
   cls = Mechanism(spec.name, spec.kw).layer_class
@@ -558,7 +558,7 @@ def _train_points(payload: dict[str, Any], inits: _Inits) -> list[Point]:
   from lra_msmra import steps  # pylint: disable=g-import-not-at-top
   from lra_msmra import validation  # pylint: disable=g-import-not-at-top
   from lra_msmra import flops as flops_lib  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import train_step  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools.benchmark import train_step  # pylint: disable=g-import-not-at-top
 
   name = payload['name']
   path = train_step.config_path(train_step.CONFIG_ROOT, TRAIN_TASK, name)
@@ -1183,7 +1183,7 @@ def main(argv: Sequence[str]) -> None:
   if payload is not None:
     worker_main(payload)
     return
-  from lra_msmra.benchmark import device_report  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools.benchmark import device_report  # pylint: disable=g-import-not-at-top
   args = parse_args(argv[1:])
   os.makedirs(args.out, exist_ok=True)
   json_path = os.path.join(args.out, 'device.json')

@@ -1,6 +1,6 @@
 r"""Times every `runlocal` job: the README's "minutes on a CPU" as a table.
 
-  python -m lra_msmra.benchmark.runlocal --out /tmp/runlocal \
+  python -m lra_msmra_tools.benchmark.runlocal --out /tmp/runlocal \
       [--tasks listops,text,...] [--mechanisms transformer,cst,...] \
       [--doc docs/runlocal.md]
 
@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 
 from lra_msmra import config_lib
 from lra_msmra import provenance
-from lra_msmra.benchmark import environment
+from lra_msmra_tools.benchmark import environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -154,7 +154,7 @@ def _load() -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  p = argparse.ArgumentParser(prog='python -m lra_msmra.benchmark.runlocal',
+  p = argparse.ArgumentParser(prog='python -m lra_msmra_tools.benchmark.runlocal',
                               description=__doc__.split('\n\n')[0])
   p.add_argument('--out', required=True,
                  help='folder for the workdirs and runlocal.json/.md')
@@ -182,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   unknown = sorted(set(tasks) - set(TASKS))
   if unknown:
     p.error(f'--tasks: unknown {unknown}; valid: {list(TASKS)}.')
-  command = 'python -m lra_msmra.benchmark.runlocal ' + ' '.join(
+  command = 'python -m lra_msmra_tools.benchmark.runlocal ' + ' '.join(
       shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
   settings = {
       'date': datetime.datetime.now(datetime.timezone.utc).strftime(

@@ -11,14 +11,14 @@
   with `block_until_ready`; the median is reported (`time_calls`), with the
   minor page faults of the whole process per timed call: memory touched for
   the first time, which on the CPU backend is XLA's per-call temporary
-  buffer (`lra_msmra.benchmark.cpu_malloc` says why and what to do about
+  buffer (`lra_msmra_tools.benchmark.cpu_malloc` says why and what to do about
   it).
 * A worker's environment is the command's, or one given to `run_worker`
   (the attention benchmark's `--hugepages`).
 * A watchdog kills a worker whose resident memory passes the (host) budget
   or whose run passes the time limit, and records the point as skipped with
   the reason. How memory is measured, and how points predicted not to fit
-  are skipped before they run, is in `lra_msmra.benchmark.memory`.
+  are skipped before they run, is in `lra_msmra_tools.benchmark.memory`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from lra_msmra.benchmark import memory
+from lra_msmra_tools.benchmark import memory
 
 # A worker prints its result as one JSON line after this marker.
 RESULT_MARKER = 'BENCHMARK_RESULT '

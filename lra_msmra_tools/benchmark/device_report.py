@@ -1,8 +1,8 @@
-r"""The report of the GPU benchmark (`lra_msmra.benchmark.device`): derived
+r"""The report of the GPU benchmark (`lra_msmra_tools.benchmark.device`): derived
 figures, the verdict on each target of the kernels' work, markdown, the plot,
 and the GPU section of docs/benchmarks.md.
 
-  python -m lra_msmra.benchmark.device_report --json DIR/device.json \
+  python -m lra_msmra_tools.benchmark.device_report --json DIR/device.json \
       --docs docs/benchmarks.md --image docs/img/gpu_benchmark.png
 
 replaces the section `## GPU` of `--docs` (up to the next `## ` heading, or
@@ -13,7 +13,7 @@ Figures derived from a measured point (`derive`), with the device's peaks
 from `lra_msmra.hardware.peak` (none on the CPU: those cells show '—'):
 achieved TFLOP/s, % of peak FLOP/s, % of peak bandwidth (compulsory bytes
 over the time), the roofline time and measured / roofline
-(`lra_msmra.benchmark.roofline`); for layers, the speed-up over the cuDNN
+(`lra_msmra_tools.benchmark.roofline`); for layers, the speed-up over the cuDNN
 softmax layer of the same shape (`BASELINE`) and the peak memory over the
 XLA softmax layer's (`MEMORY_BASELINE`); for training steps, model FLOP/s
 and MFU (the step's matmul FLOPs, counted on its 'xla' implementation,
@@ -33,11 +33,11 @@ import tempfile
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 from lra_msmra import hardware
-from lra_msmra import reporting
-from lra_msmra.benchmark import outputs
-from lra_msmra.benchmark import roofline
+from lra_msmra_tools import reporting
+from lra_msmra_tools.benchmark import outputs
+from lra_msmra_tools.benchmark import roofline
 
-MODULE = 'lra_msmra.benchmark.device_report'
+MODULE = 'lra_msmra_tools.benchmark.device_report'
 # (variant, implementation) that time ratios refer to: cuDNN's fused
 # attention inside the softmax layer's projections.
 BASELINE = ('softmax', 'cudnn')
@@ -375,7 +375,7 @@ def markdown(report: Mapping[str, Any], *, image: Optional[str] = None,
   lines = [
       SECTION_HEADING, '',
       'Made by `launch/gpu_benchmark.sh` (`python -m '
-      'lra_msmra.benchmark.device`, lra_msmra/benchmark/device.py says '
+      'lra_msmra_tools.benchmark.device`, lra_msmra_tools/benchmark/device.py says '
       'how it measures) and written here by `python -m '
       f'{MODULE}` from its JSON.', '',
       f'- Date (UTC): {env["date_utc"]}',
@@ -395,7 +395,7 @@ def markdown(report: Mapping[str, Any], *, image: Optional[str] = None,
       f'past {s["max_point_seconds"]:g} s) after {s["warmup"]} warm-up '
       'calls, each waited for. FLOPs: matmul FLOPs of the '
       f'`{s["reference"]}` implementation. Bytes: the compulsory traffic '
-      '(lra_msmra/benchmark/roofline.py). Peak memory: arguments + '
+      '(lra_msmra_tools/benchmark/roofline.py). Peak memory: arguments + '
       'outputs + temporaries XLA assigns to one call.',
       f'- Run: {s["budget_s"]:.0f} s budget; points: ' + ', '.join(
           f'{n} {k}' for k, n in sorted(counts.items())), '']
@@ -517,7 +517,7 @@ def main(argv: Sequence[str]) -> None:
   p = argparse.ArgumentParser(
       prog=f'python -m {MODULE}',
       description='The GPU section of docs/benchmarks.md from the JSON of '
-                  'lra_msmra.benchmark.device.')
+                  'lra_msmra_tools.benchmark.device.')
   p.add_argument('--json', required=True, help="the run's device.json")
   p.add_argument('--docs', default=None,
                  help='markdown file whose "## GPU" section is replaced '

@@ -1,6 +1,6 @@
 r"""Collects `results.json` files into one table beside the published numbers.
 
-  python -m lra_msmra.results --runs /tmp/runs/* --out /tmp/summary \
+  python -m lra_msmra_tools.results --runs /tmp/runs/* --out /tmp/summary \
       [--benchmark /tmp/bench_train/train_step.json]
 
 `--runs` takes workdirs, `results.json` files, or folders searched
@@ -12,7 +12,7 @@ run's headline test accuracy: the final checkpoint under the LRA protocol,
 the best-validation one otherwise, as `results.json` records).
 
 For each protocol the table lists our rows, then the published rows of the
-same protocol (`lra_msmra.published`): the official LRA leaderboard for
+same protocol (`lra_msmra_tools.published`): the official LRA leaderboard for
 `lra`, Xiong et al.'s table for `xiong`, the CST paper's re-tuned table for
 `cst`, plus every paper's own rows for the mechanisms we ran. Every row
 names its protocol and source. Numbers of different protocols are not
@@ -21,7 +21,7 @@ comparable (docs/protocol.md §9.2).
 The bubble chart (`results_bubble.png`) plots, as the CST and AdaMRA papers
 do, the LRA average (y) against speed relative to softmax (x), circle area
 proportional to peak memory. Speed and memory come from `--benchmark` (a
-`train_step.json` of `lra_msmra.benchmark.train_step`, at
+`train_step.json` of `lra_msmra_tools.benchmark.train_step`, at
 `--bubble_length`, default its longest length that softmax completed); the
 benchmark's records are matched to runs by attention name. Without it,
 speed is the geometric mean over tasks of each run's `train_steps_per_sec`
@@ -56,8 +56,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from lra_msmra import config_lib
 from lra_msmra import data
 from lra_msmra import fingerprint as fingerprint_lib
-from lra_msmra import published
-from lra_msmra import reporting
+from lra_msmra_tools import published
+from lra_msmra_tools import reporting
 
 TASKS = published.TASKS
 AVERAGE_TASKS = published.AVERAGE_TASKS
@@ -951,7 +951,7 @@ def write_doc(path: str, text: str) -> None:
 
 def main(argv: Sequence[str]) -> None:
   parser = argparse.ArgumentParser(
-      prog='python -m lra_msmra.results',
+      prog='python -m lra_msmra_tools.results',
       description='LRA results of our runs beside the published numbers.')
   parser.add_argument('--runs', nargs='+', required=True,
                       help='workdirs, results.json files or folders to '

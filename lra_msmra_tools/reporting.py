@@ -1,9 +1,9 @@
-"""What the benchmarks and `lra_msmra.results` share to write their reports:
+"""What the benchmarks and `lra_msmra_tools.results` share to write their reports:
 the byte format, markdown tables and matplotlib.
 
 No JAX here; matplotlib is imported only when `pyplot()` is called. What
 only the benchmarks use (time, FLOP and ratio formats, the JSON writer,
-log-log panels) is in `lra_msmra.benchmark.outputs`.
+log-log panels) is in `lra_msmra_tools.benchmark.outputs`.
 """
 
 from __future__ import annotations

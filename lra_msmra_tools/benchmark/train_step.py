@@ -1,6 +1,6 @@
 r"""Training-step benchmark in the style of LRA Table 2.
 
-  python -m lra_msmra.benchmark.train_step \
+  python -m lra_msmra_tools.benchmark.train_step \
       --mechanisms softmax,cst,long_short,adamra,combiner \
       --lengths 1024,2048,3072,4096 --batch 4 --out /tmp/bench_train
 
@@ -21,9 +21,9 @@ donated) of the full model a task config builds.
   model does not fit at 4K with 32). Batches hold random token ids with no
   padding, and random labels: speed and memory do not depend on the data.
 * Every point runs in its own process; time is the median step after
-  compilation and a warm-up step (`lra_msmra.benchmark.workers`); memory
+  compilation and a warm-up step (`lra_msmra_tools.benchmark.workers`); memory
   is the net peak, and points that would not fit are skipped
-  (`lra_msmra.benchmark.memory`). FLOPs are the step's matmul FLOPs
+  (`lra_msmra_tools.benchmark.memory`). FLOPs are the step's matmul FLOPs
   counted from its jaxpr.
 
 Outputs in `--out`: `train_step.json`, `train_step.md` and `train_step.png`.
@@ -39,15 +39,15 @@ import time
 from typing import Any, Mapping, Sequence
 
 from lra_msmra import config_lib
-from lra_msmra import published
-from lra_msmra import reporting
-from lra_msmra.benchmark import environment
-from lra_msmra.benchmark import memory
-from lra_msmra.benchmark import outputs
-from lra_msmra.benchmark import specs
-from lra_msmra.benchmark import workers
+from lra_msmra_tools import published
+from lra_msmra_tools import reporting
+from lra_msmra_tools.benchmark import environment
+from lra_msmra_tools.benchmark import memory
+from lra_msmra_tools.benchmark import outputs
+from lra_msmra_tools.benchmark import specs
+from lra_msmra_tools.benchmark import workers
 
-MODULE = 'lra_msmra.benchmark.train_step'
+MODULE = 'lra_msmra_tools.benchmark.train_step'
 # Registry names whose config file has another name.
 DEFAULT_MECHANISMS = 'softmax,cst,long_short,adamra,combiner'
 DEFAULT_LENGTHS = '1024,2048,3072,4096'

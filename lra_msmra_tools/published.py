@@ -1,6 +1,6 @@
-"""Published LRA accuracies, for the results table (`lra_msmra.results`),
+"""Published LRA accuracies, for the results table (`lra_msmra_tools.results`),
 and the LRA paper's speed and memory table, for the training-step benchmark
-(`LRA_TABLE2`, `lra_msmra.benchmark.train_step`).
+(`LRA_TABLE2`, `lra_msmra_tools.benchmark.train_step`).
 
 Every row carries its source and the protocol it was measured under, because
 the papers used three protocols whose numbers are not comparable

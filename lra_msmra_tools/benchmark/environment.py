@@ -12,8 +12,8 @@ import os
 import platform
 from typing import Any, Iterable, Optional, Sequence
 
-from lra_msmra.benchmark import cpu_malloc
-from lra_msmra.benchmark import memory
+from lra_msmra_tools.benchmark import cpu_malloc
+from lra_msmra_tools.benchmark import memory
 
 
 def command_line(argv: Sequence[str], module: str) -> str:

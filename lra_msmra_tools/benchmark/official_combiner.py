@@ -54,7 +54,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from lra_msmra.benchmark import official_ls
+from lra_msmra_tools.benchmark import official_ls
 
 REPOSITORY = 'google-research/google-research'
 # Where the Flax code lives in a checkout, and the package name its files

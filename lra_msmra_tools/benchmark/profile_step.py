@@ -1,6 +1,6 @@
 r"""Where a training step's time goes, by part of the model (CPU backend).
 
-  python -m lra_msmra.benchmark.profile_step \
+  python -m lra_msmra_tools.benchmark.profile_step \
       --config configs/listops/cst.py:xiong [--steps 5] [--out DIR]
 
 Builds the config's model, optimizer and jitted training step exactly as the
@@ -202,7 +202,7 @@ def markdown(name: str, result: Mapping[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  p = argparse.ArgumentParser(prog='python -m lra_msmra.benchmark.profile_step',
+  p = argparse.ArgumentParser(prog='python -m lra_msmra_tools.benchmark.profile_step',
                               description=__doc__.split('\n\n')[0])
   p.add_argument('--config', required=True, action='append',
                  help='config file with options (repeatable)')

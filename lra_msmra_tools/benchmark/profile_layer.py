@@ -1,10 +1,10 @@
 r"""Where one attention layer's time goes, by XLA operation (CPU backend).
 
-  python -m lra_msmra.benchmark.profile_layer --mechanism long_short \
+  python -m lra_msmra_tools.benchmark.profile_layer --mechanism long_short \
       --length 1024 [--mode fwd|fwd_bwd] [--calls 5] [--top 25] [--out DIR]
 
 Builds the same layer, weights and inputs as a point of
-`lra_msmra.benchmark.attention` (batch 4, width 256, 4 heads, float32,
+`lra_msmra_tools.benchmark.attention` (batch 4, width 256, 4 heads, float32,
 all tokens real, unless set otherwise), compiles its forward or
 forward+backward function, times `--calls` calls (median), then traces
 `--calls` more (`jax.profiler`) and prints:
@@ -21,7 +21,7 @@ exceed the wall time of a call, and operations that run at the same time
 slow each other down. For a clean split, profile on one thread:
 
   XLA_FLAGS='--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1' \
-      taskset -c 0 python -m lra_msmra.benchmark.profile_layer ...
+      taskset -c 0 python -m lra_msmra_tools.benchmark.profile_layer ...
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from typing import Any, Mapping, Optional, Sequence
 import jax
 
 from lra_msmra import attention as attention_lib
-from lra_msmra import reporting
-from lra_msmra.benchmark import attention as attention_bench
-from lra_msmra.benchmark import environment
-from lra_msmra.benchmark import outputs
-from lra_msmra.benchmark import profile_step
-from lra_msmra.benchmark import specs as specs_lib
+from lra_msmra_tools import reporting
+from lra_msmra_tools.benchmark import attention as attention_bench
+from lra_msmra_tools.benchmark import environment
+from lra_msmra_tools.benchmark import outputs
+from lra_msmra_tools.benchmark import profile_step
+from lra_msmra_tools.benchmark import specs as specs_lib
 
 KINDS = ('matrix products', 'layout copies', 'element-wise and reductions')
 # Operations that only move or replicate data.
@@ -174,7 +174,7 @@ def markdown(title: str, result: Mapping[str, Any], top: int) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   p = argparse.ArgumentParser(
-      prog='python -m lra_msmra.benchmark.profile_layer',
+      prog='python -m lra_msmra_tools.benchmark.profile_layer',
       description=__doc__.split('\n\n')[0])
   p.add_argument('--mechanism', required=True,
                  help='name, optionally name:key=value,key=value')
@@ -218,7 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     outputs.write_json(os.path.join(args.out, 'profile.json'),
                        {'command': environment.command_line(
                           sys.argv if argv is None else ['', *argv],
-                          'lra_msmra.benchmark.profile_layer'),
+                          'lra_msmra_tools.benchmark.profile_layer'),
                        'payload': payload, 'load_average': load,
                        'environment': environment.environment(), **result})
   return 0

@@ -1,8 +1,8 @@
 """What the benchmarks write to `--out` beside the shared pieces: time,
 FLOP and ratio formats, the JSON writer and the log-log panel plots.
 
-What `lra_msmra.results` uses too (the byte format, markdown tables,
-matplotlib) is in `lra_msmra.reporting`.
+What `lra_msmra_tools.results` uses too (the byte format, markdown tables,
+matplotlib) is in `lra_msmra_tools.reporting`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import textwrap
 from typing import Any, Mapping, Optional, Sequence
 
-from lra_msmra import reporting
+from lra_msmra_tools import reporting
 
 
 def fmt_time(seconds: Optional[float]) -> str:

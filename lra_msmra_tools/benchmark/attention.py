@@ -1,6 +1,6 @@
 r"""Attention benchmark: time, memory and FLOPs of one layer over lengths.
 
-  python -m lra_msmra.benchmark.attention \
+  python -m lra_msmra_tools.benchmark.attention \
       --mechanisms softmax,cst,long_short,adamra,combiner \
       --lengths 1024,2048,4096,8192,16384 --out /tmp/bench_attention
 
@@ -25,13 +25,13 @@ Per point (mechanism, length, mode) a separate worker process records the
 median time, the compile time, the net peak memory and the analytic matmul
 FLOPs (`lra_msmra.flops`), plus XLA's own FLOP estimate and
 temporary-buffer size where the backend reports them; how time is measured
-is in `lra_msmra.benchmark.workers`, how memory is measured and how points
-that would not fit are skipped in `lra_msmra.benchmark.memory`. Ratios to
+is in `lra_msmra_tools.benchmark.workers`, how memory is measured and how points
+that would not fit are skipped in `lra_msmra_tools.benchmark.memory`. Ratios to
 `--baseline` (default softmax) use figures of the same run.
 
 PyTorch (optional, `--torch auto|on|off`): with PyTorch importable, every
 point is also run with the straightforward PyTorch version of the same
-computation (`lra_msmra.benchmark.torch_reference`) on the same weights, and
+computation (`lra_msmra_tools.benchmark.torch_reference`) on the same weights, and
 a check at `--torch_check_length` compares the two outputs. Without PyTorch
 the comparison is skipped and the report says so. `--torch_threads`
 sets PyTorch's thread count (default: PyTorch's own, one per core).
@@ -39,7 +39,7 @@ sets PyTorch's thread count (default: PyTorch's own, one per core).
 Official Transformer-LS (optional, `--official_ls PATH`): PATH is a checkout
 of NVIDIA/transformer-ls. Every `long_short` spec is then also run with the
 official class `AttentionLS` (`lra/attention_transformer_ls.py`, imported by
-path in the PyTorch workers; `lra_msmra.benchmark.official_ls`), built with
+path in the PyTorch workers; `lra_msmra_tools.benchmark.official_ls`), built with
 the same shapes and knobs and holding our layer's weights. Before timing, its
 output is checked against ours at `--torch_check_length` on a partly padded
 batch, with the LayerNorm parameters drawn at random so that every weight
@@ -55,7 +55,7 @@ Official Combiner (optional, `--official_combiner PATH`): PATH is a checkout
 of google-research/google-research. Every causal `combiner` spec whose
 configuration one of the official Flax layers computes (fixed, logsparse,
 axial rowmajor, mixture with `mixture_mode=joint_softmax`; the table is in
-`lra_msmra.benchmark.official_combiner`) is also run with that layer,
+`lra_msmra_tools.benchmark.official_combiner`) is also run with that layer,
 loaded by path in the JAX workers and holding our layer's weights. It is
 checked against ours like the official Transformer-LS layer (trailing
 padding: the official code has none, and causal rows before the padding do
@@ -64,7 +64,7 @@ like ours (compile time, FLOPs and memory too). Other specs are recorded as
 unsupported, with the reason.
 
 Host memory (`--hugepages none|jax|all`): XLA:CPU faults in its per-call
-temporary buffer page by page (`lra_msmra.benchmark.cpu_malloc`); the option
+temporary buffer page by page (`lra_msmra_tools.benchmark.cpu_malloc`); the option
 gives glibc's huge page tunable to no worker, to the JAX workers (ours and
 the official Combiner code) or to every worker. Each record keeps its worker's
 memory settings and minor page faults per call, and the report says which
@@ -84,17 +84,17 @@ import sys
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
-from lra_msmra import reporting
-from lra_msmra.benchmark import cpu_malloc
-from lra_msmra.benchmark import environment
-from lra_msmra.benchmark import memory
-from lra_msmra.benchmark import official_combiner
-from lra_msmra.benchmark import official_ls
-from lra_msmra.benchmark import outputs
-from lra_msmra.benchmark import specs
-from lra_msmra.benchmark import workers
+from lra_msmra_tools import reporting
+from lra_msmra_tools.benchmark import cpu_malloc
+from lra_msmra_tools.benchmark import environment
+from lra_msmra_tools.benchmark import memory
+from lra_msmra_tools.benchmark import official_combiner
+from lra_msmra_tools.benchmark import official_ls
+from lra_msmra_tools.benchmark import outputs
+from lra_msmra_tools.benchmark import specs
+from lra_msmra_tools.benchmark import workers
 
-MODULE = 'lra_msmra.benchmark.attention'
+MODULE = 'lra_msmra_tools.benchmark.attention'
 MODES = ('fwd', 'fwd_bwd')
 MODE_NAMES = {'fwd': 'forward', 'fwd_bwd': 'forward+backward'}
 DEFAULT_MECHANISMS = 'softmax,cst,long_short,adamra,combiner'
@@ -189,7 +189,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       '(default: %(default)g)')
   p.add_argument('--hugepages', default='none', choices=HUGEPAGES,
                  help='give the workers GLIBC_TUNABLES=glibc.malloc.hugetlb=1'
-                      ' (lra_msmra.benchmark.cpu_malloc): none, the JAX '
+                      ' (lra_msmra_tools.benchmark.cpu_malloc): none, the JAX '
                       'workers (ours and JAX official code) or all (PyTorch '
                       'too); '
                       'default %(default)s')
@@ -480,7 +480,7 @@ def _torch_worker(payload: Mapping[str, Any]) -> dict[str, Any]:
   """Our PyTorch port (`torch_reference`): its check or one timed point."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from lra_msmra.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools.benchmark import torch_reference  # pylint: disable=g-import-not-at-top
 
   mode = payload['mode']
   length, (layer, params, x, mask, g) = _torch_setup(payload,
@@ -1172,7 +1172,7 @@ def main(argv: Sequence[str]) -> None:
       errors.append(
           f'the {official.what} output check failed (' + '; '.join(failed)
           + '); its points were not timed. The mapping of our weights '
-          f'(lra_msmra/benchmark/{official.module.__name__.split(".")[-1]}'
+          f'(lra_msmra_tools/benchmark/{official.module.__name__.split(".")[-1]}'
           '.py) or the official checkout differs from what the comparison '
           'assumes.')
   if errors:

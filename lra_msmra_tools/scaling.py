@@ -1,6 +1,6 @@
 r"""TPU and GPU readiness, checked on a CPU: lowering and memory per device.
 
-  python -m lra_msmra.scaling --configs 'configs/pathx/*.py' --devices 8
+  python -m lra_msmra_tools.scaling --configs 'configs/pathx/*.py' --devices 8
 
 For every config file given (default: every config of every task), at the
 config's own size and global batch, with nothing allocated:
@@ -407,7 +407,7 @@ def _use_fake_cpu_devices(count: int) -> None:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p = argparse.ArgumentParser(
-      prog='python -m lra_msmra.scaling',
+      prog='python -m lra_msmra_tools.scaling',
       description='Lower every config for TPU and GPU and report its size '
                   'per device, shapes only.')
   p.add_argument('--configs', nargs='*', default=None,
@@ -502,7 +502,7 @@ def main(argv: Sequence[str]) -> int:
       skip = arg == '--out'
       continue
     shown.append(shlex.quote(arg))
-  command = 'python -m lra_msmra.scaling ' + ' '.join(shown)
+  command = 'python -m lra_msmra_tools.scaling ' + ' '.join(shown)
   date = datetime.date.today().isoformat()
   text = (f'`{command.strip()}` ({date}, JAX {jax.__version__}): '
           f'{args.devices} devices, global batch split over them; bytes are '
