@@ -521,7 +521,8 @@ def test_suite_without_data_stops_before_running(tmp_path):
 
 @pytest.mark.parametrize('folder,doc_name', [
     ('listops_xiong', 'results.md'), ('listops_runlocal', 'runlocal.md'),
-    ('listops_xiong/diag', None), ('listops_xiong/scale', None)])
+    ('listops_xiong/diag', None), ('listops_xiong/scale', None),
+    ('spt_runlocal', 'pretraining.md')])
 def test_committed_results_rebuild_from_their_copy(folder, doc_name,
                                                    tmp_path):
   """The tables of docs/results.md (full-size ListOps runs and their
