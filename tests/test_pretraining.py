@@ -222,6 +222,19 @@ def test_pretraining_run_records_its_objective(pretrained):
     assert json.load(f)['objective'] == 'masked'
 
 
+def test_pretraining_resumes_exactly(pretrained, tmp_path):
+  # The masks are drawn from each step's key, so an interrupted pretraining
+  # run resumed from its checkpoint is the uninterrupted one.
+  _, full = pretrained
+  workdir = str(tmp_path)
+  train.train_and_evaluate(
+      helpers.tiny_listops_config(objective='masked', num_train_steps=2),
+      workdir)
+  resumed = train.train_and_evaluate(
+      helpers.tiny_listops_config(objective='masked'), workdir)
+  assert resumed['final'] == full['final']
+
+
 def test_fine_tuning_starts_from_the_pretrained_encoder(pretrained, tmp_path,
                                                         monkeypatch):
   source, pre = pretrained
