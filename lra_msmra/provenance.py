@@ -1,8 +1,8 @@
-"""Where a result comes from: code commit, package versions, devices, host
-memory settings and the CPU-only options of the run.
+"""Where a result comes from: code commit, source digest, package versions
+and devices.
 
 Importing this module does not import JAX (the benchmarks' parent process
-reads the host memory settings without it).
+records its environment without it).
 """
 
 from __future__ import annotations
@@ -20,11 +20,6 @@ if TYPE_CHECKING:
 
 PACKAGES = ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'numpy',
             'ml_collections')
-# glibc's tunable for huge pages in malloc (`lra_msmra_tools.benchmark.cpu_malloc`
-# says why it matters to XLA:CPU) and the kernel's transparent huge page
-# mode.
-HUGETLB_TUNABLE = 'glibc.malloc.hugetlb'
-THP_MODE_FILE = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 
 def git_commit(path: Optional[str] = None) -> dict[str, Any]:
@@ -94,46 +89,15 @@ def extend_history(history: Sequence[Mapping[str, Any]],
       dict(device, from_step=int(start), to_step=int(step))]
 
 
-def thp_mode(path: str = THP_MODE_FILE) -> Optional[str]:
-  """The kernel's transparent huge page mode (`always`, `madvise`, `never`),
-  None where it cannot be read (not Linux, no THP)."""
-  try:
-    with open(path) as f:
-      text = f.read()
-  except OSError:
-    return None
-  for word in text.split():
-    if word.startswith('[') and word.endswith(']'):
-      return word[1:-1]
-  return None
-
-
-def hugetlb_value(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-  """The value `GLIBC_TUNABLES` gives `glibc.malloc.hugetlb`, or None."""
-  value = None
-  for item in environ.get('GLIBC_TUNABLES', '').split(':'):
-    key, _, setting = item.partition('=')
-    if key == HUGETLB_TUNABLE:
-      value = setting  # The last one counts, as for glibc.
-  return value
-
-
-def host_memory(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
-  """What decides how this process gets memory: the THP mode, the glibc
-  huge page tunable and any `MALLOC_*` variables."""
-  return {'transparent_hugepage': thp_mode(),
-          'glibc_malloc_hugetlb': hugetlb_value(environ),
-          'malloc_env': {k: v for k, v in sorted(environ.items())
-                         if k.startswith('MALLOC_')}}
-
-
 def collect(mesh: Optional[jax.sharding.Mesh] = None) -> dict[str, Any]:
-  """Code, versions, devices and host memory settings of this process, for
-  results.json. The memory settings change the speed, never the numbers
-  (`lra_msmra_tools.benchmark.cpu_malloc`). Runs recorded before 2026-11-29 also
-  hold `cpu_unrolled_threefry`, an option since removed that drew the same
-  dropout bits faster on the CPU."""
+  """Code, versions and devices of this process, for results.json.
+
+  Runs recorded before 2026-11-29 also hold `cpu_unrolled_threefry`, an
+  option since removed that drew the same dropout bits faster on the CPU,
+  and `host_memory`, the host's huge page settings (transparent huge page
+  mode, glibc's `glibc.malloc.hugetlb` tunable, `MALLOC_*` variables),
+  which changed the speed of XLA:CPU, never the numbers, and are no longer
+  recorded (docs/benchmarks.md, "Page faults", keeps the advice)."""
   return {'code': dict(git_commit(), source_digest=source_digest()),
           'versions': versions(),
-          'devices': devices(mesh),
-          'host_memory': host_memory()}
+          'devices': devices(mesh)}

@@ -43,20 +43,10 @@ def test_history_entries_name_each_process_steps():
   assert first == [dict(cpu, from_step=0, to_step=250)]  # Not modified.
 
 
-def test_host_memory_settings_are_read_from_the_environment(tmp_path):
-  path = tmp_path / 'enabled'
-  path.write_text('always [madvise] never\n')
-  assert provenance.thp_mode(str(path)) == 'madvise'
-  info = provenance.host_memory(
-      {'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=1', 'MALLOC_ARENA_MAX': '2'})
-  assert info['glibc_malloc_hugetlb'] == '1'
-  assert info['malloc_env'] == {'MALLOC_ARENA_MAX': '2'}
-
-
 def test_results_record_the_provenance_and_the_removed_cpu_option_is_refused(
     tmp_path):
-  """results.json records code, versions, devices and host memory, and no
-  longer `cpu_unrolled_threefry`; the
+  """results.json records code, versions and devices, and no longer
+  `cpu_unrolled_threefry` nor the host's huge page settings; the
   removed `--cpu_unrolled_threefry` (it patched JAX internals) is refused
   in one line, not ignored."""
   env = dict(os.environ, XLA_FLAGS=helpers.xla_flags(1),
@@ -75,7 +65,4 @@ def test_results_record_the_provenance_and_the_removed_cpu_option_is_refused(
                  text=True, check=True, timeout=300)
   with open(tmp_path / 'results.json') as f:
     recorded = json.load(f)['provenance']
-  assert set(recorded) == {'code', 'versions', 'devices', 'device_history',
-                           'host_memory'}
-  assert set(recorded['host_memory']) == {
-      'transparent_hugepage', 'glibc_malloc_hugetlb', 'malloc_env'}
+  assert set(recorded) == {'code', 'versions', 'devices', 'device_history'}

@@ -44,7 +44,6 @@ import functools
 from typing import NamedTuple, Optional
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 
 from lra_msmra.kernels import flash

@@ -63,12 +63,10 @@ not see it; `--official_combiner_tolerance`), then timed as a JAX point
 like ours (compile time, FLOPs and memory too). Other specs are recorded as
 unsupported, with the reason.
 
-Host memory (`--hugepages none|jax|all`): XLA:CPU faults in its per-call
-temporary buffer page by page (`lra_msmra_tools.benchmark.cpu_malloc`); the option
-gives glibc's huge page tunable to no worker, to the JAX workers (ours and
-the official Combiner code) or to every worker. Each record keeps its worker's
-memory settings and minor page faults per call, and the report says which
-workers had the tunable.
+Host memory: XLA:CPU faults in its per-call temporary buffer page by page;
+docs/benchmarks.md ("Page faults") says how glibc's huge page tunable in
+the command's environment, which every worker inherits, changes that.
+Each record keeps its worker's minor page faults per call.
 
 Outputs in `--out`: `attention.json` (every record, the environment and the
 command), `attention.md` (tables) and `attention_time.png`,
@@ -85,7 +83,6 @@ import time
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 from lra_msmra_tools import reporting
-from lra_msmra_tools.benchmark import cpu_malloc
 from lra_msmra_tools.benchmark import environment
 from lra_msmra_tools.benchmark import memory
 from lra_msmra_tools.benchmark import official_combiner
@@ -187,12 +184,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                  default=official_combiner.DEFAULT_TOLERANCE,
                  help='largest |ours - official| accepted on real rows '
                       '(default: %(default)g)')
-  p.add_argument('--hugepages', default='none', choices=HUGEPAGES,
-                 help='give the workers GLIBC_TUNABLES=glibc.malloc.hugetlb=1'
-                      ' (lra_msmra_tools.benchmark.cpu_malloc): none, the JAX '
-                      'workers (ours and JAX official code) or all (PyTorch '
-                      'too); '
-                      'default %(default)s')
   p.add_argument('--baseline', default='softmax',
                  help='mechanism label the ratios refer to')
   p.add_argument('--growth_from', type=int, default=4096,
@@ -224,23 +215,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    for name, official in OFFICIAL.items()
                    if getattr(args, official.option) is not None}
   return args
-
-
-# `--hugepages` choices: which workers get glibc's huge page tunable.
-HUGEPAGES = ('none', 'jax', 'all')
-
-
-def _worker_env(args: argparse.Namespace, backend: str, name: str
-                ) -> Optional[dict[str, str]]:
-  """The environment of a worker of `backend` for mechanism `name`: the
-  command's, plus the huge page tunable where `--hugepages` asks for it."""
-  framework = {'jax': 'JAX', 'torch': 'PyTorch'}.get(backend)
-  if framework is None:
-    framework = OFFICIAL[name].framework
-  if args.hugepages == 'all' or (args.hugepages == 'jax'
-                                 and framework == 'JAX'):
-    return cpu_malloc.with_hugepages()
-  return None
 
 
 def _official_setup(args: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -384,7 +358,7 @@ def _time_jax(payload: Mapping[str, Any], fn: Callable[..., Any],
             'xla_temp_bytes': xla_temp, 'memory': meter.result(),
             'process_peak_bytes': memory.process_peak_bytes(),
             'device': environment.jax_device_info(),
-            'host_memory': cpu_malloc.describe(), **timing}
+            **timing}
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
   return result
 
@@ -441,7 +415,7 @@ def _time_torch(payload: Mapping[str, Any], fn: Callable[..., Any],
             'process_peak_bytes': memory.process_peak_bytes(),
             'torch_threads': torch.get_num_threads(),
             'torch_version': torch.__version__,
-            'host_memory': cpu_malloc.describe(), **timing}
+            **timing}
   result['net_peak_bytes'] = result['memory']['net_peak_bytes']
   return result
 
@@ -625,8 +599,7 @@ def _official_check(args, spec: specs.Spec, budget) -> dict[str, Any]:
   """Runs the official output check of `spec` and logs it (loudly if bad)."""
   check = workers.run_worker(
       MODULE, _payload(args, spec, 'official', 'check', 0),
-      memory_budget_bytes=budget, timeout_s=args.timeout_s,
-      env=_worker_env(args, 'official', spec.name))
+      memory_budget_bytes=budget, timeout_s=args.timeout_s)
   if check.get('status') == 'ok' and not check['passed']:
     check['status'] = 'mismatch'
     check['reason'] = (
@@ -700,8 +673,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     if 'torch' in spec_backends:
       check = workers.run_worker(
           MODULE, _payload(args, spec, 'torch', 'check', 0),
-          memory_budget_bytes=budget, timeout_s=args.timeout_s,
-          env=_worker_env(args, 'torch', spec.name))
+          memory_budget_bytes=budget, timeout_s=args.timeout_s)
       checks[spec.label] = check
       workers.log(f'[{spec.label}] torch check: {check.get("status")} '
                   f'{check.get("max_abs_diff", check.get("reason", ""))}')
@@ -744,8 +716,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           else:
             result = workers.run_worker(
                 MODULE, _payload(args, spec, backend, mode, length),
-                memory_budget_bytes=budget, timeout_s=args.timeout_s,
-                env=_worker_env(args, backend, spec.name))
+                memory_budget_bytes=budget, timeout_s=args.timeout_s)
             rec.update(result)
             if predicted:
               rec['predicted_peak_bytes'] = predicted
@@ -772,7 +743,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
           'warmup': args.warmup, 'baseline': args.baseline,
           'memory_budget_bytes': budget, 'backends': backends,
           'torch_note': torch_note, 'torch_threads': args.torch_threads,
-          'hugepages': args.hugepages,
           **{official.option: args.official.get(name)
              for name, official in OFFICIAL.items()}},
       'torch_checks': checks,
@@ -871,8 +841,6 @@ def markdown(report: Mapping[str, Any]) -> str:
       + ', '.join(f'{x:.2f}' for x in env['load_average'])
       + '; at end: ' + ', '.join(f'{x:.2f}' for x in
                                   report['load_average_end']),
-      '- Host memory: ' + host_memory(env.get('host_memory'),
-                                      s.get('hugepages')),
       f'- Memory budget for skipping: '
       f'{reporting.fmt_bytes(s["memory_budget_bytes"])}',
       f'- Time: median of up to {s["repeats"]} calls after compilation and '
@@ -1072,29 +1040,6 @@ def _official_lines(report, idx, labels, lengths, official: _Official,
               '', _length_table(idx, labels, lengths, 'official', mode,
                                 'net_peak_bytes', memory_cell), '']
   return lines
-
-
-def host_memory(info: Optional[Mapping[str, Any]],
-                hugepages: Optional[str]) -> str:
-  """The report's line on how the workers got memory (older reports
-  recorded neither part)."""
-  if info is None:
-    return 'not recorded'
-  parts = [f'transparent huge pages `{info.get("transparent_hugepage")}`']
-  inherited = info.get('glibc_malloc_hugetlb')
-  if inherited is not None:
-    parts.append(f'`glibc.malloc.hugetlb={inherited}` in the command\'s '
-                 'environment (every worker)')
-  given = {'jax': 'the JAX workers (ours, and official JAX code)',
-           'all': 'every worker'}.get(hugepages or 'none')
-  if given:
-    parts.append(f'`{cpu_malloc.SETTING}` given to {given} '
-                 f'(`--hugepages {hugepages}`)')
-  elif inherited is None:
-    parts.append("glibc's default allocation (`--hugepages none`)")
-  if info.get('malloc_env'):
-    parts.append('; '.join(f'{k}={v}' for k, v in info['malloc_env'].items()))
-  return '; '.join(parts)
 
 
 _BACKEND_LABELS = {'jax': '', 'torch': ' (our PyTorch port)',

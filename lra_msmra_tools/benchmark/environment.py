@@ -12,7 +12,6 @@ import os
 import platform
 from typing import Any, Iterable, Optional, Sequence
 
-from lra_msmra_tools.benchmark import cpu_malloc
 from lra_msmra_tools.benchmark import memory
 
 
@@ -74,7 +73,6 @@ def environment(packages: Iterable[str] = ('jax', 'jaxlib', 'flax',
       'memory_available_bytes': memory.memory_available_bytes(),
       'load_average': list(os.getloadavg()),
       'versions': {p: _version(p) for p in packages},
-      'host_memory': cpu_malloc.describe(),
   }
 
 

@@ -11,10 +11,9 @@
   with `block_until_ready`; the median is reported (`time_calls`), with the
   minor page faults of the whole process per timed call: memory touched for
   the first time, which on the CPU backend is XLA's per-call temporary
-  buffer (`lra_msmra_tools.benchmark.cpu_malloc` says why and what to do about
-  it).
-* A worker's environment is the command's, or one given to `run_worker`
-  (the attention benchmark's `--hugepages`).
+  buffer (docs/benchmarks.md, "Page faults", says why and what the host
+  can do about it).
+* A worker's environment is the command's, or one given to `run_worker`.
 * A watchdog kills a worker whose resident memory passes the (host) budget
   or whose run passes the time limit, and records the point as skipped with
   the reason. How memory is measured, and how points predicted not to fit

@@ -23,7 +23,7 @@ def bench_dir(tmp_path_factory):
   out = tmp_path_factory.mktemp('attention')
   run_benchmark('lra_msmra_tools.benchmark.attention', MECHANISMS, LENGTHS, out,
                 '--batch', '1', '--features', '16', '--heads', '2',
-                '--repeats', '2', '--torch', 'off', '--hugepages', 'jax')
+                '--repeats', '2', '--torch', 'off')
   return out
 
 
@@ -43,8 +43,6 @@ def test_outputs_cover_every_mechanism_and_length(bench_dir):
         assert rec['flops'] > 0
         assert rec['net_peak_bytes'] is not None
         assert rec['faults_per_call'] >= 0
-        # The worker was given the tunable (`--hugepages jax`).
-        assert rec['host_memory']['glibc_malloc_hugetlb'] == '1'
   # Forward+backward costs more matmul FLOPs than the forward pass.
   for m in MECHANISMS:
     assert (seen[(m, 'fwd_bwd', 32)]['flops']
@@ -57,8 +55,6 @@ def test_outputs_cover_every_mechanism_and_length(bench_dir):
   for n in LENGTHS:
     assert f'| {n} |' in text or f'| {n}' in text
   assert 'PyTorch comparison turned off' in text
-  assert ('`glibc.malloc.hugetlb=1` given to the JAX workers (ours, and '
-          'official JAX code) (`--hugepages jax`)') in text
   for name in ('attention_time.png', 'attention_memory.png'):
     data = (bench_dir / name).read_bytes()
     assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 1000
@@ -93,37 +89,6 @@ def test_matmul_flops_of_softmax_attention():
     return jax.lax.scan(lambda c, _: (c @ c, None), x, None, length=3)[0]
   m = jnp.ones((4, 4))
   assert flops.matmul_flops(scanned, m)['flops'] == 3 * 2 * 4 ** 3
-
-
-def test_hugepages_reach_the_workers_it_names():
-  env = lambda choice, backend, name: attention._worker_env(
-      attention.parse_args(['--out', 'x', '--mechanisms', name,
-                            '--hugepages', choice]), backend, name)
-  tunable = lambda e: None if e is None else e['GLIBC_TUNABLES']
-  for backend, name, jax_only in (('jax', 'long_short', True),
-                                  ('torch', 'long_short', False),
-                                  ('official', 'long_short', False),
-                                  ('official', 'combiner', True)):
-    assert env('none', backend, name) is None
-    assert tunable(env('all', backend, name)) == 'glibc.malloc.hugetlb=1'
-    assert tunable(env('jax', backend, name)) == (
-        'glibc.malloc.hugetlb=1' if jax_only else None)
-
-
-def test_host_memory_line_says_who_got_the_tunable():
-  info = {'transparent_hugepage': 'madvise', 'glibc_malloc_hugetlb': None,
-          'malloc_env': {}}
-  assert attention.host_memory(info, 'none') == (
-      "transparent huge pages `madvise`; glibc's default allocation "
-      '(`--hugepages none`)')
-  assert 'given to every worker (`--hugepages all`)' in (
-      attention.host_memory(info, 'all'))
-  inherited = dict(info, glibc_malloc_hugetlb='1',
-                   malloc_env={'MALLOC_ARENA_MAX': '1'})
-  line = attention.host_memory(inherited, 'none')
-  assert "`glibc.malloc.hugetlb=1` in the command's environment" in line
-  assert line.endswith('MALLOC_ARENA_MAX=1')
-  assert attention.host_memory(None, None) == 'not recorded'
 
 
 @pytest.mark.parametrize('flag,value,message', [
