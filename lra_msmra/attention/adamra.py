@@ -309,6 +309,16 @@ class AdaMRAAttention(base.Attention):
     feature_map: `'relu'` (paper) or `'elu_plus_one'` (its ablation).
     epsilon: added to the kernel-attention denominator.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('default', {}),
+      ('single_unmasked_st', {
+          'projections': 'single', 'segment_means': 'unmasked',
+          'router_gate': 'straight_through', 'compression_rates': (1, 0.25)}),
+  )
+
   compression_rates: Sequence[float] = (1 / 2, 1 / 8, 1 / 32)
   router_gate: str = 'prob'
   segment_means: str = 'masked'

@@ -100,6 +100,9 @@ class Attention(nn.Module):
       function under every implementation.
     IMPLEMENTATIONS: (class constant, not a field) the values `implementation`
       may take for this mechanism: the names of `KERNELS`.
+    EXAMPLES: (class constant, not a field) `(id, knobs)` pairs that reach
+      each of the mechanism's code paths at a few tokens; the tests take
+      their cases from here, through the registry.
   """
   num_heads: int = 8
   qkv_features: Optional[int] = None
@@ -115,6 +118,10 @@ class Attention(nn.Module):
   zero_padded_queries: ClassVar[bool] = True
   KERNELS: ClassVar[Mapping[str, Mapping[str, Callable[..., Any]]]] = {
       'xla': {}}
+  # (id, knobs) settings that reach each of the mechanism's code paths at a
+  # few tokens: the contract tests run every one, bidirectional and causal.
+  EXAMPLES: ClassVar[tuple[tuple[str, Mapping[str, Any]], ...]] = (
+      ('default', {}),)
   IMPLEMENTATIONS: ClassVar[tuple[str, ...]] = ('xla',)
 
   def __init_subclass__(cls, **kwargs: Any):

@@ -84,6 +84,15 @@ class BigBirdAttention(base.Attention):
       `random_limit` positions (the official 1024); None = anywhere.
     seed: combined with the layer's module path to draw the random blocks.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('b2_r1', {'block_size': 2, 'num_random_blocks': 1}),
+      ('b3_r2_nolimit', {
+          'block_size': 3, 'num_random_blocks': 2, 'random_limit': None}),
+  )
+
   block_size: int = DEFAULT_BLOCK_SIZE
   num_random_blocks: int = DEFAULT_NUM_RANDOM_BLOCKS
   random_limit: Optional[int] = DEFAULT_RANDOM_LIMIT

@@ -499,6 +499,20 @@ class CombinerAttention(base.Attention):
     implementation: 'xla' (the code here) or 'pallas' (fixed, axial and
       mixture: `lra_msmra.kernels.combiner`).
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('fixed', {'variant': 'fixed'}),
+      ('logsparse', {'variant': 'logsparse'}),
+      ('axial-vertical', {'variant': 'axial', 'axial_plan': 'vertical'}),
+      ('axial-horizontal', {'variant': 'axial', 'axial_plan': 'horizontal'}),
+      ('axial-rowmajor', {'variant': 'axial', 'axial_plan': 'rowmajor'}),
+      ('mixture-average', {'variant': 'mixture', 'mixture_mode': 'average'}),
+      ('mixture-joint', {
+          'variant': 'mixture', 'mixture_mode': 'joint_softmax'}),
+  )
+
   variant: str = 'fixed'
   block_size: Optional[int] = None
   axial_plan: Optional[str] = None

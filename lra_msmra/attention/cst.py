@@ -195,6 +195,16 @@ class CompositeSliceAttention(base.Attention):
       'none' (for the input-embedding ablation, `model.pos_emb='learned'`).
     position_init_std: initialiser scale of the MS-VIPE tables.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('l4', {'slice_length': 4}),
+      ('l4_alpha2_max_untied_global_first', {
+          'slice_length': 4, 'alpha': 2, 'aggregation': 'max',
+          'share_local_global': False, 'composition': 'global_first'}),
+  )
+
   slice_length: int = 8
   alpha: int = 1
   composition: str = 'local_first'

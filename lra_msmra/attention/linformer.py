@@ -50,6 +50,14 @@ class LinformerAttention(base.Attention):
     share_layers: one E for all layers (a model-level parameter) instead of
       one per layer.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('k4', {'low_rank_features': 4}),
+      ('k3_shared_layers', {'low_rank_features': 3, 'share_layers': True}),
+  )
+
   low_rank_features: int = DEFAULT_LOW_RANK_FEATURES
   max_len: Optional[int] = None
   share_layers: bool = False

@@ -44,6 +44,14 @@ class LocalAttention(base.Attention):
     grouping: `'contiguous'` (blocks of consecutive tokens) or `'strided'`
       (the official code's groups of tokens G apart).
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('b4', {'block_size': 4}),
+      ('b5_strided', {'block_size': 5, 'grouping': 'strided'}),
+  )
+
   block_size: int = DEFAULT_BLOCK_SIZE
   grouping: str = 'contiguous'
 

@@ -395,6 +395,15 @@ class LongShortAttention(base.Attention):
       each form: True bidirectional, False causal. Only with
       `num_landmarks > 0`.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('default', {}),
+      ('w3_r2', {'window_size': 3, 'num_landmarks': 2}),
+      ('conv', {'conv_kernel_size': 3}),
+  )
+
   window_size: int = 8
   num_landmarks: int = 32
   chunk_size: Optional[int] = None

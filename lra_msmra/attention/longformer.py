@@ -45,6 +45,14 @@ class LongformerAttention(base.Attention):
     global_projections: separate Q/K/V projections for global queries (only
       used when g > 0).
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('w4', {'window_size': 4}),
+      ('w5_g2', {'window_size': 5, 'num_global_tokens': 2}),
+  )
+
   window_size: int = DEFAULT_WINDOW_SIZE
   num_global_tokens: int = 0
   global_projections: bool = True

@@ -131,6 +131,14 @@ class PerformerAttention(base.Attention):
       (official defaults).
     feature_seed: seed of the projection W.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('softmax', {'kernel': 'softmax', 'num_features': 16}),
+      ('relu', {'kernel': 'relu'}),
+  )
+
   kernel: str = 'softmax'
   num_features: int = 256
   features: Optional[str] = None

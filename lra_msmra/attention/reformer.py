@@ -103,6 +103,16 @@ class ReformerAttention(base.Attention):
     mask_self: a query's own position gets logit -1e5 (paper, trax).
     hash_seed: seed of the random rotations.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('b4', {'num_buckets': 4}),
+      ('b2_h2_chunk3_norm_self', {
+          'num_buckets': 2, 'num_hashes': 2, 'chunk_length': 3,
+          'normalize_keys': True, 'mask_self': True}),
+  )
+
   num_hashes: int = 1
   num_buckets: int = 10
   chunk_length: Optional[int] = None

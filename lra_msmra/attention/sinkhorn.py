@@ -69,6 +69,16 @@ class SinkhornAttention(base.Attention):
       (official default 1).
     temperature: the SortNet logits are divided by it (official 1.0).
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('b4', {'block_size': 4}),
+      ('b3_sinkhorn', {
+          'block_size': 3, 'sort_activation': 'sinkhorn',
+          'sinkhorn_iterations': 3}),
+  )
+
   block_size: int = 50
   max_num_blocks: Optional[int] = None
   sort_activation: str = 'softmax'

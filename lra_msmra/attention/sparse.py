@@ -47,6 +47,16 @@ class SparseAttention(base.Attention):
     num_prefix_tokens: p leading tokens (e.g. CLS) outside the pattern:
       they see every key and every query sees them.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('l4_c1', {'block_size': 4, 'summary_size': 1}),
+      ('l3_c1_symmetric_cls', {
+          'block_size': 3, 'summary_size': 1, 'pattern_causal': False,
+          'num_prefix_tokens': 1}),
+  )
+
   block_size: int = DEFAULT_BLOCK_SIZE
   summary_size: int = DEFAULT_SUMMARY_SIZE
   pattern_causal: bool = True

@@ -50,6 +50,16 @@ class SynthesizerAttention(base.Attention):
     factorized_k: rank k of `factorized_random`.
     max_length: table size L; None = the length at initialisation.
   """
+
+  # Knob settings that reach each code path at a few tokens (the
+  # contract tests run every one, bidirectional and causal).
+  EXAMPLES = (
+      ('random', {}),
+      ('dense_factorized_only', {
+          'synthesizer_mode': 'dense+factorized_random', 'factorized_k': 4,
+          'ignore_dot_product': True}),
+  )
+
   synthesizer_mode: str = 'random'
   ignore_dot_product: bool = False
   factorized_k: int = 32

@@ -1,7 +1,7 @@
 """The contract every registered attention mechanism must honour.
 
 Runs over every entry of `lra_msmra.attention.REGISTRY` (with the knobs listed
-in `harness.CONTRACT_CASES`), in bidirectional and causal form.
+in each mechanism's `EXAMPLES`), in bidirectional and causal form.
 
 The padded-row rule (docs/mechanisms/softmax.md §3.2), one for every
 mechanism: the output at a padded query position is exactly zero, biases
