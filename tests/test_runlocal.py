@@ -15,15 +15,14 @@ import sys
 import pytest
 
 from lra_msmra import attention
+from lra_msmra import config_lib
 from tests import helpers
 
-# One ListOps config per registered mechanism (the issues' runlocal jobs);
+# One ListOps config per registered mechanism, from the registry (the
+# file of the registry name, or of its alias: softmax's is transformer.py);
 # variants such as cst_l16 or combiner_axial share their code paths.
-CONFIGS = [f'configs/listops/{name}.py' for name in (
-    'transformer', 'cst', 'long_short', 'adamra', 'combiner_fixed')]
-CONFIGS += [f'configs/listops/{name}.py' for name in (
-    'local', 'sparse', 'longformer', 'bigbird', 'linformer',
-    'linear', 'performer', 'synthesizer', 'reformer', 'sinkhorn')]
+CONFIGS = [f'configs/listops/{config_lib.CONFIG_ALIASES.get(name, name)}.py'
+           for name in attention.REGISTRY]
 
 
 def test_every_mechanism_has_a_runlocal_check():
