@@ -270,19 +270,15 @@ def _next_ready(pending: list[tuple[str, list[str]]], running: list[_Run],
     if source is None or os.path.exists(os.path.join(source,
                                                      'results.json')):
       return i
-    if source in outcome.failed or source in outcome.not_started:
+    if source in outcome.failed + outcome.unfinished:
       pending.pop(i)
       (outcome.failed if source in outcome.failed else
        outcome.not_started).append(workdir)
       say(f'not started {workdir}: its pretraining {source} did not finish')
       continue
     if not any(r.workdir == source for r in running) and not any(
-        w == source for w, _ in pending) and source not in outcome.stopped:
+        w == source for w, _ in pending):
       return i  # Not a run of this suite: the trainer says what is wrong.
-    if source in outcome.stopped:
-      pending.pop(i)
-      outcome.not_started.append(workdir)
-      continue
     i += 1
   return None
 

@@ -292,10 +292,11 @@ def pretraining_record(workdir: str) -> dict[str, Any]:
   return record
 
 
-def pretrained_encoder(workdir: str, target: Any) -> Any:
-  """The encoder parameters of the run in `workdir` (its newest
+def pretrained_encoder(workdir: str, target: Any
+                       ) -> tuple[Any, dict[str, Any]]:
+  """The encoder parameters of the finished run in `workdir` (its newest
   checkpoint), as a tree shaped like `target`, this run's encoder
-  parameters.
+  parameters, and that run's `pretraining_record`.
 
   A masked-objective run's token table has one row more, the mask token's;
   it is dropped. Any other difference of keys or shapes is refused.
@@ -303,7 +304,7 @@ def pretrained_encoder(workdir: str, target: Any) -> Any:
   Raises:
     ValueError: one line naming the workdir and the keys that differ.
   """
-  pretraining_record(workdir)  # A finished run, or one clear line.
+  record = pretraining_record(workdir)  # A finished run, or one line.
   config, _, params = load_checkpoint(workdir, 'latest')
   if 'encoder' not in params:
     raise ValueError(f'config.init_from={workdir}: its parameters have no '
@@ -335,4 +336,4 @@ def pretrained_encoder(workdir: str, target: Any) -> Any:
   leaves = [np.asarray(jax.device_get(flat[n]), leaf.dtype)
             for n, (_, leaf) in zip(names, wanted)]
   return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(target),
-                                      leaves)
+                                      leaves), record

@@ -42,6 +42,9 @@ TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
 # Mechanism names that stand for a config file of another name.
 CONFIG_ALIASES = {'softmax': 'transformer', 'combiner': 'combiner_fixed'}
 OPTIONS = ('runlocal', 'spt') + PROTOCOLS[1:]
+# The masked objective's default: share of real tokens masked (BERT's),
+# in runs of `span` tokens.
+MASKING = {'rate': 0.15, 'span': 1}
 DTYPES = ('float32', 'bfloat16')
 
 
@@ -155,15 +158,15 @@ def default_config() -> ml_collections.ConfigDict:
   # or self-pretraining on the task's inputs, 'masked' or 'causal'.
   c.objective = 'classify'
   # The masked objective: share of real tokens masked, in runs of `span`.
-  c.masking = ml_collections.ConfigDict(dict(rate=0.15, span=1))
+  c.masking = ml_collections.ConfigDict(MASKING)
   # Workdir of a finished run whose encoder this run starts from (its
   # latest checkpoint); the classifier head and optimizer state are new.
   c.init_from = ''
   return c
 
 
-def apply_spt(c: ml_collections.ConfigDict, *, mask_rate: float = 0.15
-              ) -> None:
+def apply_spt(c: ml_collections.ConfigDict, *,
+              mask_rate: float = MASKING['rate']) -> None:
   """The `spt` option: self-pretraining with the masked objective on the
   task's own training inputs (Amos et al., docs/pretraining.md), for as
   many steps and with the same optimizer and schedule as the task's

@@ -532,7 +532,7 @@ def create_model(model_config: Mapping[str, Any], *, vocab_size: int,
                                                          vocab_size),
                     max_len=max_len, use_cls=use_cls, **fields)
   if objective != 'classify':
-    masking = masking or {'rate': 0.15, 'span': 1}
+    masking = masking or config_lib.MASKING
     return TokenPredictor(encoder=encoder, objective=objective,
                           vocab_size=vocab_size, mask_rate=masking['rate'],
                           mask_span=masking['span'], dual=dual)

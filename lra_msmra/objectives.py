@@ -18,8 +18,9 @@ data, then fine-tune: docs/pretraining.md. `config.objective` picks one:
 
 Padding (`model.mask_padding`: id 0) is never masked and never a target.
 Retrieval's two documents are pretrained as two single sequences. The loss
-and accuracy are over the predicted tokens only: `metrics` below gives the
-same sums as the classification metrics, per token instead of per example.
+and accuracy are over the predicted tokens only: the functions below give
+each token a weight, and the step sums the classification metrics per
+token instead of per example (`lra_msmra.steps`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import jax
 import jax.numpy as jnp
 
 OBJECTIVES = ('classify', 'masked', 'causal')
-PRETRAINING = OBJECTIVES[1:]
 # The masking of every evaluation batch comes from this key, so a model's
 # validation loss is comparable from one evaluation to the next.
 EVAL_MASKING_SEED = 0

@@ -675,9 +675,8 @@ def _start_from(init_from: str, state: Any, tx: Any,
   """`state` with the encoder of the finished run in `init_from` and a new
   optimizer state; the head keeps its initialisation (fine-tuning)."""
   with errors.input_errors():
-    record = checkpoint_lib.pretraining_record(init_from)
-    encoder = checkpoint_lib.pretrained_encoder(init_from,
-                                                state.params['encoder'])
+    encoder, record = checkpoint_lib.pretrained_encoder(
+        init_from, state.params['encoder'])
   params = dict(state.params, encoder=encoder)
   state = jax.jit(lambda s, p: s.replace(params=p, opt_state=tx.init(p)),
                   out_shardings=state_sharding, donate_argnums=0)(state,

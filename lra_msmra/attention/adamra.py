@@ -326,7 +326,6 @@ class AdaMRAAttention(base.Attention):
   feature_map: str = 'relu'
   epsilon: float = 1e-6
 
-
   def check_knobs(self) -> None:
     segment_lengths(self.compression_rates)
     for field, value, valid in (

@@ -56,7 +56,6 @@ O(N^2), for analysis and tests.
 from __future__ import annotations
 
 import functools
-
 import math
 from typing import Callable, NamedTuple, Optional
 
