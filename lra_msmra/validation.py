@@ -10,17 +10,21 @@ optimizer) at the task's input length with `jax.eval_shape` (nothing
 computed or allocated), so that what a mechanism can only check against the
 length (a length that is not a multiple of its block, a causal mode it
 refuses with these knobs) fails here, before the data is loaded, with a
-message naming the key to change. The trainer keeps the traced shapes: the
-model is traced once per run before its step functions are compiled.
+message naming the key to change. The trainer keeps what `build` made (the
+model, optimizer and traced shapes): the model is built and traced once per
+run before its step functions are compiled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import jax
+import flax.linen as nn
 import ml_collections
+import optax
 
 from lra_msmra import config_lib
 from lra_msmra import data as data_lib
@@ -39,12 +43,30 @@ def validate(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return trace(config)[0]
 
 
-def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
-  """Checks `config`; returns the model spec and the abstract train state.
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """A checked config's model spec, model, optimizer, schedule and abstract
+  train state (`steps.TrainState` of `jax.ShapeDtypeStruct`s)."""
+  spec: dict[str, Any]
+  model: nn.Module
+  tx: optax.GradientTransformation
+  schedule: optim.Schedule
+  abstract: Any
 
-  The abstract train state (`steps.TrainState` of `jax.ShapeDtypeStruct`s)
-  is what `steps.create_train_state` would build for this config, without
-  computing or allocating anything.
+
+def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
+  """Checks `config`; returns the model spec and the abstract train state
+  (`build`'s)."""
+  built = build(config)
+  return built.spec, built.abstract
+
+
+def build(config: ml_collections.ConfigDict) -> Built:
+  """Checks `config`; builds its model and optimizer and traces the train
+  state.
+
+  The abstract train state is what `steps.create_train_state` would build
+  for this config, without computing or allocating anything.
 
   Raises:
     ValueError: naming the config key and the fix.
@@ -58,7 +80,7 @@ def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
   optim.check_config(config.optimizer, config.schedule,
                      config.num_train_steps)
   spec = data_lib.get_model_spec(config)
-  model, tx, _ = steps.build(config, spec)
+  model, tx, schedule = steps.build(config, spec)
   init = functools.partial(steps.create_train_state, model=model, tx=tx,
                            batch=steps.example_batch(spec))
   m = config.model
@@ -75,4 +97,4 @@ def trace(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], Any]:
         f"{config.task!r} at input length {spec['max_len']}: {e} Fix the "
         'knob it names in config.model.attention_kw or config.model, or the '
         'input length in config.data.') from e
-  return spec, abstract
+  return Built(spec, model, tx, schedule, abstract)

@@ -62,6 +62,19 @@ def load_config(relpath, arg=None):
   return module.get_config(arg)
 
 
+def mechanism_case(name, task='listops'):
+  """How a test runs registered mechanism `name` on `task`: (config file,
+  command-line overrides). Its task file when it has one (the file of the
+  registry name or of its alias: softmax's is transformer.py); otherwise
+  the task's base config with `--config.model.attention=NAME`, its knobs
+  at their defaults, the route a new mechanism takes before it has config
+  files (docs/adding_a_mechanism.md)."""
+  path = f'configs/{task}/{config_lib.CONFIG_ALIASES.get(name, name)}.py'
+  if os.path.exists(os.path.join(ROOT, path)):
+    return path, ()
+  return f'configs/{task}/base.py', (f'--config.model.attention={name}',)
+
+
 def tiny_listops_config(**overrides):
   """ListOps runlocal shrunk to seconds (tests/configs/tiny_listops.py)."""
   c = load_config('tests/configs/tiny_listops.py')

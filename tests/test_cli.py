@@ -12,7 +12,7 @@ import pytest
 from lra_msmra import errors
 from lra_msmra import main as main_lib
 from lra_msmra import train
-from lra_msmra import workdir_lock
+from lra_msmra import checkpoint
 from tests import helpers
 
 
@@ -62,9 +62,9 @@ def test_locked_workdir_is_one_line_without_traceback(tmp_path):
   """The whole command: quiet libraries, the refusal in one line."""
   holder = {'pid': os.getppid(), 'host': socket.gethostname(),
             'started': 'earlier', 'command': 'python -m lra_msmra.main ...',
-            'process_start': workdir_lock._process_start(os.getppid()),  # pylint: disable=protected-access
-            'pid_namespace': workdir_lock._pid_namespace()}  # pylint: disable=protected-access
-  (tmp_path / workdir_lock.LOCK_FILE).write_text(json.dumps(holder))
+            'process_start': checkpoint._process_start(os.getppid()),  # pylint: disable=protected-access
+            'pid_namespace': checkpoint._pid_namespace()}  # pylint: disable=protected-access
+  (tmp_path / checkpoint.LOCK_FILE).write_text(json.dumps(holder))
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
   env['XLA_FLAGS'] = helpers.xla_flags(1)
   proc = subprocess.run(
@@ -135,7 +135,7 @@ def test_a_closed_stdout_saves_and_stops_like_sigterm(tmp_path):
           f'{tmp_path}/checkpoints; rerun the same command to resume.') in err
   assert 'Traceback' not in err and 'BrokenPipeError' not in err, err
   assert not os.path.exists(tmp_path / 'results.json')
-  assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
+  assert not os.path.exists(tmp_path / checkpoint.LOCK_FILE)
 
 
 def test_closed_stdout_and_stderr_still_save_and_exit_141(tmp_path):
@@ -158,4 +158,4 @@ def test_closed_stdout_and_stderr_still_save_and_exit_141(tmp_path):
   assert proc.returncode == 128 + signal.SIGPIPE
   [saved] = os.listdir(tmp_path / 'checkpoints')
   assert 0 < int(saved) < 1000
-  assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
+  assert not os.path.exists(tmp_path / checkpoint.LOCK_FILE)

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lra_msmra import attention
 from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import config_lib
 from lra_msmra import models
@@ -319,8 +320,14 @@ def _spt_cases():
       if path == 'base.py' or not path.endswith('.py'):
         continue
       mark = () if (task, path[:-3]) in DEFAULT else (pytest.mark.slow,)
-      cases.append(pytest.param(f'configs/{task}/{path}', marks=mark,
+      cases.append(pytest.param((f'configs/{task}/{path}', None), marks=mark,
                                 id=f'{task}/{path[:-3]}'))
+  # A registered mechanism without a ListOps file: the base config with its
+  # default knobs (`helpers.mechanism_case`).
+  for name in sorted(attention.REGISTRY):
+    path, overrides = helpers.mechanism_case(name)
+    if overrides:
+      cases.append(pytest.param((path, name), id=f'listops/base:{name}'))
   return cases
 
 
@@ -344,13 +351,21 @@ def _step(config, spec, params=None):
   return state
 
 
-@pytest.mark.parametrize('path', _spt_cases())
-def test_every_config_pretrains_and_fine_tunes_at_runlocal_size(path):
-  pre_config = helpers.load_config(path, 'runlocal,spt')
+def _load(case, arg):
+  path, name = case
+  config = helpers.load_config(path, arg)
+  if name is not None:
+    config.model.attention = name
+  return config
+
+
+@pytest.mark.parametrize('case', _spt_cases())
+def test_every_config_pretrains_and_fine_tunes_at_runlocal_size(case):
+  pre_config = _load(case, 'runlocal,spt')
   assert pre_config.objective == 'masked'
   spec, _ = validation.trace(pre_config)
   pre = _step(pre_config, spec)
-  config = helpers.load_config(path, 'runlocal')
+  config = _load(case, 'runlocal')
   assert validation.trace(config)[0] == spec
   fresh = _step(config, spec)
   flat = lambda t: {'/'.join(str(k.key) for k in p): v for p, v in

@@ -19,14 +19,13 @@ import pytest
 import lra_msmra
 from lra_msmra import checkpoint as checkpoint_lib
 from lra_msmra import data as data_lib
+from lra_msmra import console
 from lra_msmra import flops
 from lra_msmra import hardware
-from lra_msmra import metrics as metrics_lib
-from lra_msmra import run_record
+from lra_msmra import records
 from lra_msmra import sharding
 from lra_msmra import steps
 from lra_msmra import train
-from lra_msmra import workdir_lock
 from lra_msmra.data import pipeline
 from tests import helpers
 
@@ -71,7 +70,7 @@ def test_smoke_run_writes_everything(finished_run):
   below = on_disk['test_accuracy'] <= on_disk['test_majority_rate']
   assert bool(on_disk['warnings']) == below
   # The workdir is free again.
-  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, checkpoint_lib.LOCK_FILE))
 
 
 def test_model_flops_of_the_training_step(finished_run):
@@ -117,19 +116,19 @@ def test_flops_are_counted_with_the_xla_implementation():
 
 
 def test_mfu_in_results_needs_a_known_peak_and_one_kind_of_device():
-  progress = metrics_lib.Progress(10, 0, flops_per_step=4e12, num_devices=2,
+  progress = console.Progress(10, 0, flops_per_step=4e12, num_devices=2,
                                   peak_flops_per_s=4e12)
   peak = hardware.Peak(4e12, 1e12, 'a datasheet')
   h100 = {'device_kind': 'NVIDIA H100', 'num_devices': 2}
-  out = run_record.throughput({'train_steps_per_sec': 1.0}, progress, peak,
+  out = records.throughput({'train_steps_per_sec': 1.0}, progress, peak,
                               [h100, h100])
   assert out == {'train_tflops_per_device': 2.0, 'train_mfu': 0.5,
                  'peak_flops_per_device': {'flops_per_s': 4e12,
                                            'source': 'a datasheet'}}
-  out = run_record.throughput({'train_steps_per_sec': 1.0}, progress, peak,
+  out = records.throughput({'train_steps_per_sec': 1.0}, progress, peak,
                               [h100, {'device_kind': 'cpu', 'num_devices': 1}])
   assert out == {'train_tflops_per_device': 2.0}
-  assert run_record.throughput({'train_steps_per_sec': None}, progress, peak,
+  assert records.throughput({'train_steps_per_sec': None}, progress, peak,
                                [h100]) == {}
 
 
@@ -166,7 +165,7 @@ def test_the_test_split_is_evaluated_once_when_the_best_is_the_last(
 
 def _majority_of(labels):
   """Most frequent label (smallest of a tie) and its frequency, from the
-  labels themselves: the oracle of `run_record.majority_class`."""
+  labels themselves: the oracle of `records.majority_class`."""
   values, counts = np.unique(np.asarray(labels), return_counts=True)
   return int(values[np.argmax(counts)]), float(counts.max() / counts.sum())
 
@@ -184,8 +183,8 @@ def test_the_majority_class_comes_from_the_test_pass(finished_run):
   # Ties go to the smallest label.
   for labels in ([2, 2, 0, 0, 1], [3], [1, 0]):
     counts = np.bincount(np.asarray(labels), minlength=4)
-    assert run_record.majority_class(counts) == _majority_of(labels)
-  label, rate = run_record.majority_class(np.zeros(4, np.int64))
+    assert records.majority_class(counts) == _majority_of(labels)
+  label, rate = records.majority_class(np.zeros(4, np.int64))
   assert label == 0 and np.isnan(rate)
 
 
@@ -197,12 +196,12 @@ def _metrics(workdir):
 def test_learning_warnings():
   results = {'test_accuracy': 0.46, 'test_majority_rate': 0.54,
              'test_majority_label': 1, 'reported': 'final'}
-  [warning] = run_record.learning_warnings(results)
+  [warning] = records.learning_warnings(results)
   assert '0.4600' in warning and 'majority-class rate 0.5400' in warning
   results['test_accuracy'] = 0.54  # At the majority rate: still nothing.
-  assert len(run_record.learning_warnings(results)) == 1
+  assert len(records.learning_warnings(results)) == 1
   results['test_accuracy'] = 0.60
-  assert not run_record.learning_warnings(results)
+  assert not records.learning_warnings(results)
 
 
 def _evaluate(model, params, source, batch_size=8):
@@ -302,7 +301,7 @@ def test_ctrl_c_saves_and_the_same_call_resumes_bit_exactly(
   assert 'SIGINT (Ctrl-C): saved step 3' in out.out
   assert '3' in os.listdir(os.path.join(workdir, 'checkpoints'))
   assert not os.path.exists(os.path.join(workdir, 'results.json'))
-  assert not os.path.exists(os.path.join(workdir, workdir_lock.LOCK_FILE))
+  assert not os.path.exists(os.path.join(workdir, checkpoint_lib.LOCK_FILE))
   assert signal.getsignal(signal.SIGINT) == before
   monkeypatch.setattr(pipeline.TrainBatches, 'get', get)
   resumed = train.train_and_evaluate(helpers.tiny_listops_config(), workdir)
@@ -348,9 +347,9 @@ def test_a_checkpoint_without_the_metrics_window_marks_the_record_partial(
 
 def test_second_ctrl_c_stops_at_once():
   before = signal.getsignal(signal.SIGINT)
-  with train._SigtermFlag() as flag:  # pylint: disable=protected-access
+  with train.Preemption() as flag:
     os.kill(os.getpid(), signal.SIGINT)
-    assert flag.should_stop(1) and flag.signum == signal.SIGINT
+    assert flag.requested(1) and flag.signum == signal.SIGINT
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
   assert signal.getsignal(signal.SIGINT) == before
@@ -360,11 +359,11 @@ def _write_lock(workdir, **fields):
   os.makedirs(workdir, exist_ok=True)
   record = {'pid': os.getppid(), 'host': socket.gethostname(),
             'started': '2025-01-01 00:00:00', 'command': 'python -m x',
-            'process_start': workdir_lock._process_start(os.getppid()),  # pylint: disable=protected-access
-            'pid_namespace': workdir_lock._pid_namespace(),  # pylint: disable=protected-access
+            'process_start': checkpoint_lib._process_start(os.getppid()),  # pylint: disable=protected-access
+            'pid_namespace': checkpoint_lib._pid_namespace(),  # pylint: disable=protected-access
             'token': 'other'}
   record.update(fields)
-  path = os.path.join(workdir, workdir_lock.LOCK_FILE)
+  path = os.path.join(workdir, checkpoint_lib.LOCK_FILE)
   with open(path, 'w') as f:
     json.dump(record, f)
   return path
@@ -374,16 +373,16 @@ def test_a_workdir_in_use_is_refused(tmp_path):
   # A live process on this machine (the one that started the tests).
   path = _write_lock(str(tmp_path))
   before = open(path).read()
-  with pytest.raises(workdir_lock.WorkdirLocked,
+  with pytest.raises(checkpoint_lib.WorkdirLocked,
                      match=f'process {os.getppid()} on host '
                      f'{socket.gethostname()}'):
     train.train_and_evaluate(helpers.tiny_listops_config(), str(tmp_path))
   assert open(path).read() == before  # Left alone, nothing else written.
-  assert os.listdir(tmp_path) == [workdir_lock.LOCK_FILE]
+  assert os.listdir(tmp_path) == [checkpoint_lib.LOCK_FILE]
   # Written on another machine: cannot be checked, so refused, naming the
   # file to delete.
   path = _write_lock(str(tmp_path), host='elsewhere', pid=12345)
-  with pytest.raises(workdir_lock.WorkdirLocked,
+  with pytest.raises(checkpoint_lib.WorkdirLocked,
                      match=f'process 12345 on host elsewhere.*delete {path}'):
     train.train_and_evaluate(helpers.tiny_listops_config(), str(tmp_path))
 
@@ -394,22 +393,22 @@ def test_a_stale_lock_is_replaced(tmp_path):
   for fields in ({'pid': finished.pid}, {'pid': os.getpid()},
                  {'process_start': 'not-when-it-started'}):
     path = _write_lock(str(tmp_path), **fields)
-    lock = workdir_lock.WorkdirLock(str(tmp_path))
+    lock = checkpoint_lib.WorkdirLock(str(tmp_path))
     note = lock.acquire()
     assert note.startswith('Replaced a stale lock'), note
     assert json.load(open(path))['pid'] == os.getpid()
     # A second run now finds a live lock.
-    with pytest.raises(workdir_lock.WorkdirLocked, match='Another run'):
-      workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+    with pytest.raises(checkpoint_lib.WorkdirLocked, match='Another run'):
+      checkpoint_lib.WorkdirLock(str(tmp_path)).acquire()
     lock.release()
     assert not os.path.exists(path)
   # An unreadable lock: young, it may be one being written; old, a leftover.
-  path = os.path.join(str(tmp_path), workdir_lock.LOCK_FILE)
+  path = os.path.join(str(tmp_path), checkpoint_lib.LOCK_FILE)
   open(path, 'w').close()
-  with pytest.raises(workdir_lock.WorkdirLocked, match='unreadable'):
-    workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  with pytest.raises(checkpoint_lib.WorkdirLocked, match='unreadable'):
+    checkpoint_lib.WorkdirLock(str(tmp_path)).acquire()
   os.utime(path, (0, 0))
-  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  lock = checkpoint_lib.WorkdirLock(str(tmp_path))
   assert 'unreadable lock file' in lock.acquire()
   lock.release()
 
@@ -476,7 +475,7 @@ def test_batch_size_must_divide_devices(tmp_path):
   with pytest.raises(ValueError, match='divisible by 8 devices'):
     train.train_and_evaluate(config, str(tmp_path))
   # Released on errors too.
-  assert not os.path.exists(tmp_path / workdir_lock.LOCK_FILE)
+  assert not os.path.exists(tmp_path / checkpoint_lib.LOCK_FILE)
 
 
 def _one_step(config, mesh, batch):

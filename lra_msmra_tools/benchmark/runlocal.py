@@ -33,7 +33,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from lra_msmra import config_lib
-from lra_msmra import provenance
+from lra_msmra import records as records_lib
 from lra_msmra_tools.benchmark import environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -188,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       'date': datetime.datetime.now(datetime.timezone.utc).strftime(
           '%Y-%m-%d %H:%M UTC'),
       'machine': f'{environment.cpu_cores()} ({platform.machine()})',
-      'load_start': _load(), 'commit': provenance.git_commit().get(
+      'load_start': _load(), 'commit': records_lib.git_commit().get(
           'commit', 'unknown'),
       'command': command, 'tasks': tasks, 'configs': configs}
   records = []

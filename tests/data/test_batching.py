@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lra_msmra import run_record
+from lra_msmra import records
 from lra_msmra.data import pipeline
 
 
@@ -61,6 +61,6 @@ def test_eval_batches_count_every_example_once():
 def test_helpers():
   out = pipeline.pad_or_truncate([[1, 2, 3], [4]], 2)
   np.testing.assert_array_equal(out, [[1, 2], [4, 0]])
-  assert run_record.majority_class(np.bincount([1, 2, 2, 3])) == (2, 0.5)
+  assert records.majority_class(np.bincount([1, 2, 2, 3])) == (2, 0.5)
   with pytest.raises(ValueError, match='differ in length'):
     pipeline.ArraySource({'a': np.zeros(2), 'b': np.zeros(3)})

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from lra_msmra import provenance
+from lra_msmra import records
 from lra_msmra import train
 from tests.data.helpers import task_config
 
@@ -54,7 +54,7 @@ def test_one_train_and_eval_step(task, tmp_path):
   prov = written['provenance']
   assert len(prov['code']['commit']) == 40
   # Also where there is no git checkout: the package sources' digest.
-  assert prov['code']['source_digest'] == provenance.source_digest()
+  assert prov['code']['source_digest'] == records.source_digest()
   assert prov['versions']['jax'] and prov['versions']['flax']
   assert prov['devices']['platform'] == 'cpu'
   assert prov['devices']['num_devices'] >= 1

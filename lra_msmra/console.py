@@ -1,4 +1,4 @@
-"""Metric writers and the progress lines, written from process 0 only.
+"""The console: progress lines and messages, printed by process 0 only.
 
 A closed stdout (e.g. `main ... | head`) is not an error here: the first
 print that meets it marks stdout closed (`stdout_closed`), points the file
@@ -7,23 +7,18 @@ trainer's later messages (`log`) to stderr; the trainer then saves and
 stops as on SIGTERM. A closed stderr too (`main ... 2>&1 | head`) is
 pointed at /dev/null the same way: the run still saves and exits with 141.
 
-Why not CLU's `periodic_actions.ReportProgress` and `metric_writers` (the
-flax examples' choice): ReportProgress's steps/s is the wall time between
-two reports, the compiling first step and the evaluations inside it, and
-its ETA is the steps left at that rate; `Progress` leaves both out and adds
-the evaluations left at their measured speed. Run locally, ReportProgress's
-note (steps/s, percent done, ETA) and the default writer's scalars go to
+Why not CLU's `periodic_actions.ReportProgress` (the flax examples'
+choice): its steps/s is the wall time between two reports, the compiling
+first step and the evaluations inside it, and its ETA is the steps left at
+that rate; `Progress` leaves both out and adds the evaluations left at their
+measured speed. Run locally, its note (steps/s, percent done, ETA) goes to
 absl INFO logging, which a run hides without `--verbose`, and nothing there
 gives a long evaluation's batches done (`EvalProgress`) or the early lines
-of a slow start. CLU's writers keep no JSON-lines copy; `Writer` keeps
-metrics.jsonl, dropping the records of the steps after the checkpoint a run
-resumes from, so that it holds each step once, as an uninterrupted run
-writes it.
+of a slow start. The metric records themselves are `lra_msmra.records`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -31,8 +26,6 @@ import time
 from typing import Any, Mapping, Optional
 
 import jax
-
-METRICS_FILE = 'metrics.jsonl'
 
 # Before the first regular progress line of a process (every
 # log_every_steps), lines also come after its steps 1, 10, 100, ... and at
@@ -69,89 +62,6 @@ def _emit(text: str, stream: Any) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, stream.fileno())
     os.close(devnull)
-
-
-def keep_steps_up_to(path: str, step: int) -> int:
-  """Rewrites a metrics.jsonl keeping only records of steps <= `step`.
-
-  A run resumed from the checkpoint of `step` writes the later steps again;
-  the killed run's records of those steps would otherwise appear twice. A
-  line cut short by the kill is dropped too. The file is replaced
-  atomically. Returns the number of records dropped.
-  """
-  if not os.path.exists(path):
-    return 0
-  kept, dropped = [], 0
-  with open(path) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-        keep = record['step'] <= step
-      except (ValueError, KeyError, TypeError):
-        keep = False
-      if keep:
-        kept.append(line if line.endswith('\n') else line + '\n')
-      else:
-        dropped += bool(line.strip())
-  if dropped:
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-      f.writelines(kept)
-    os.replace(tmp, path)
-  return dropped
-
-
-class Writer:
-  """TensorBoard scalars plus a JSON-lines copy (`metrics.jsonl`).
-
-  `metrics.jsonl` holds one record per step: the scalars written for one
-  step (training, validation) are merged and written when `flush` is called
-  or the next step begins. Opening it for a run that resumes from
-  `resume_step` drops the records of later steps (see `keep_steps_up_to`).
-  TensorBoard event files are left as they are: a resumed run adds a new
-  event file starting at its first step, and TensorBoard, on finding steps
-  that go back, drops the older events from that step on (its handling of
-  restarts).
-  """
-
-  def __init__(self, logdir: str, resume_step: int = 0):
-    self._tb = None
-    self._jsonl = None
-    self._pending: Optional[dict[str, Any]] = None
-    if is_chief():
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      os.makedirs(logdir, exist_ok=True)
-      path = os.path.join(logdir, METRICS_FILE)
-      keep_steps_up_to(path, resume_step)
-      self._tb = SummaryWriter(logdir)
-      self._jsonl = open(path, 'a')
-
-  def write(self, step: int, scalars: Mapping[str, float]) -> None:
-    if self._tb is None:
-      return
-    for k, v in scalars.items():
-      self._tb.add_scalar(k, float(v), step)
-    if self._pending is not None and self._pending['step'] != step:
-      self.flush()
-    if self._pending is None:
-      self._pending = {'step': step}
-    self._pending.update({k: float(v) for k, v in scalars.items()})
-
-  def flush(self) -> None:
-    """Writes the pending step's record."""
-    if self._tb is None or self._pending is None:
-      return
-    self._jsonl.write(json.dumps(self._pending) + '\n')
-    self._jsonl.flush()
-    self._tb.flush()
-    self._pending = None
-
-  def close(self) -> None:
-    if self._tb is not None:
-      self.flush()
-      self._tb.close()
-      self._jsonl.close()
-      self._tb = None
 
 
 class Progress:

@@ -1,11 +1,10 @@
-"""The progress line's timing and ETA, and metrics.jsonl across resumes."""
+"""The progress line's timing and ETA."""
 
 import io
-import json
 
 import pytest
 
-from lra_msmra import metrics
+from lra_msmra import console
 
 
 class Clock:
@@ -19,13 +18,13 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
   c = Clock()
-  monkeypatch.setattr(metrics.time, 'time', c)
+  monkeypatch.setattr(console.time, 'time', c)
   return c
 
 
 def test_eta_leaves_out_compilation_and_evaluations(clock):
   out = io.StringIO()
-  progress = metrics.Progress(total_steps=100, start_step=0, stream=out)
+  progress = console.Progress(total_steps=100, start_step=0, stream=out)
   clock.now += 600.0  # Compiling the training step and running step 1.
   progress.compiled(1)
   clock.now += 9.0  # Steps 2..10 at 1 step/s.
@@ -33,9 +32,9 @@ def test_eta_leaves_out_compilation_and_evaluations(clock):
   # 90 steps at 1 step/s; no evaluation timed yet. The ETA's parts are
   # explained once, before its first line.
   assert out.getvalue().splitlines() == [
-      metrics.ETA_NOTE, 'step 10/100 | loss 1.0000 | 1.00 steps/s | '
+      console.ETA_NOTE, 'step 10/100 | loss 1.0000 | 1.00 steps/s | '
       'ETA 1:30 + eval']
-  assert '"+ eval"' in metrics.ETA_NOTE
+  assert '"+ eval"' in console.ETA_NOTE
   clock.now += 300.0  # A slow evaluation ...
   progress.exclude(300.0)
   clock.now += 10.0  # ... then steps 11..20 at 1 step/s.
@@ -48,7 +47,7 @@ def test_eta_leaves_out_compilation_and_evaluations(clock):
 
 def test_no_rate_before_a_steady_step_and_no_eta_on_the_last(clock):
   out = io.StringIO()
-  progress = metrics.Progress(total_steps=5, start_step=3, stream=out)
+  progress = console.Progress(total_steps=5, start_step=3, stream=out)
   clock.now += 100.0
   progress.compiled(4)
   assert progress.update(4, {}) is None
@@ -58,14 +57,14 @@ def test_no_rate_before_a_steady_step_and_no_eta_on_the_last(clock):
   clock.now += 2.0
   progress.update(5, {}, eval_seconds_left=65.0)
   assert out.getvalue().splitlines()[-1] == 'step 5/5 | 0.50 steps/s'
-  assert metrics.ETA_NOTE not in out.getvalue()
+  assert console.ETA_NOTE not in out.getvalue()
 
 
 def test_evaluation_progress_is_throttled(clock, capsys):
-  progress = metrics.EvalProgress('test', total=100)
+  progress = console.EvalProgress('test', total=100)
   clock.now += 60.0  # The first batch (compilation) does not count.
   progress.start()
-  clock.now += metrics.EVAL_PROGRESS_SECONDS - 1
+  clock.now += console.EVAL_PROGRESS_SECONDS - 1
   assert not progress.due(10)
   clock.now += 1
   assert progress.due(11)
@@ -73,34 +72,13 @@ def test_evaluation_progress_is_throttled(clock, capsys):
   assert capsys.readouterr().out == (
       '  test: 11/100 batches, 0:10 elapsed, ~1:29 left\n')
   assert not progress.due(12)
-  clock.now += metrics.EVAL_PROGRESS_SECONDS
+  clock.now += console.EVAL_PROGRESS_SECONDS
   assert progress.due(50) and not progress.due(100)
-
-
-def test_resumed_writer_keeps_each_step_once(tmp_path):
-  logdir = tmp_path / 'tensorboard'
-  writer = metrics.Writer(str(logdir))
-  for step in (1, 2, 3, 4):
-    writer.write(step, {'train/loss': float(step)})
-    writer.write(step, {'val/accuracy': 0.5})
-  writer.close()
-  path = logdir / metrics.METRICS_FILE
-  with open(path, 'a') as f:
-    f.write('{"step": 5, "train/lo')  # Cut short by a kill.
-  # The checkpoint the run resumes from is step 2.
-  writer = metrics.Writer(str(logdir), resume_step=2)
-  for step in (3, 4):
-    writer.write(step, {'train/loss': 10.0 + step})
-  writer.close()
-  records = [json.loads(line) for line in open(path)]
-  assert [r['step'] for r in records] == [1, 2, 3, 4]
-  assert records[1] == {'step': 2, 'train/loss': 2.0, 'val/accuracy': 0.5}
-  assert records[3] == {'step': 4, 'train/loss': 14.0}
 
 
 def test_early_lines_come_before_the_first_regular_one(clock):
   out = io.StringIO()
-  progress = metrics.Progress(total_steps=100, start_step=0, stream=out)
+  progress = console.Progress(total_steps=100, start_step=0, stream=out)
   clock.now += 60.0  # Compiling and step 1.
   progress.compiled(1)
   assert progress.early_due(1)
@@ -109,7 +87,7 @@ def test_early_lines_come_before_the_first_regular_one(clock):
       'step 1/100 | loss 2.5000 | steps/s and ETA from the next line')
   clock.now += 1.0
   assert not progress.early_due(2)
-  clock.now += metrics.EARLY_LINE_SECONDS  # A slow step: a line anyway.
+  clock.now += console.EARLY_LINE_SECONDS  # A slow step: a line anyway.
   assert progress.early_due(3)
   progress.note(3, None)
   assert not progress.early_due(4)
@@ -122,12 +100,12 @@ def test_early_lines_come_before_the_first_regular_one(clock):
   clock.now += 40.0
   # The regular line's rate counts from step 1, not from the early lines.
   assert progress.update(50, {}) == pytest.approx(49 / 78.0)
-  clock.now += metrics.EARLY_LINE_SECONDS
+  clock.now += console.EARLY_LINE_SECONDS
   assert not progress.early_due(100)  # Regular lines only from here on.
 
 
 def test_early_lines_count_the_steps_of_the_process(clock):
-  progress = metrics.Progress(total_steps=1000, start_step=650,
+  progress = console.Progress(total_steps=1000, start_step=650,
                               stream=io.StringIO())
   progress.compiled(651)
   assert [s for s in range(651, 800) if progress.early_due(s)] == [
@@ -137,7 +115,7 @@ def test_early_lines_count_the_steps_of_the_process(clock):
 def test_progress_line_gives_model_tflops_and_mfu(clock):
   out = io.StringIO()
   # 2 TFLOP per step over 2 devices; a device's peak of 4 TFLOP/s.
-  progress = metrics.Progress(total_steps=100, start_step=0, stream=out,
+  progress = console.Progress(total_steps=100, start_step=0, stream=out,
                               flops_per_step=2e12, num_devices=2,
                               peak_flops_per_s=4e12)
   progress.compiled(1)
@@ -156,6 +134,6 @@ def test_progress_line_gives_model_tflops_and_mfu(clock):
   clock.now += 10.0
   progress.update(20, {})
   assert '| 12.2 GFLOP/s/device |' in out.getvalue().splitlines()[-1]
-  assert metrics.format_tflops(3.55e-5) == '0.0000355'
-  assert [metrics.format_flops(v) for v in (412e12, 1.2e15, 35.5e3, 7.0)] == [
+  assert console.format_tflops(3.55e-5) == '0.0000355'
+  assert [console.format_flops(v) for v in (412e12, 1.2e15, 35.5e3, 7.0)] == [
       '412 TFLOP/s', '1.20 PFLOP/s', '35.5 kFLOP/s', '7.00 FLOP/s']
