@@ -34,6 +34,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from lra_msmra_tools import compile as compile_lib
+from lra_msmra_tools import reporting
 from lra_msmra_tools import targets
 
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder', 'pathx')
@@ -150,14 +151,7 @@ def replace_in_doc(path: str, text: str, start: str = START,
                    end: str = END) -> None:
   """Puts `text` between the markers `start` and `end` (the fits table's
   by default) of the file `path`."""
-  with open(path, encoding='utf-8') as f:
-    doc = f.read()
-  if start not in doc or end not in doc:
-    raise SystemExit(f'{path}: no {start} ... {end} markers to replace.')
-  head, rest = doc.split(start, 1)
-  _, tail = rest.split(end, 1)
-  with open(path, 'w', encoding='utf-8') as f:
-    f.write(f'{head}{start}\n{text}\n{end}{tail}')
+  reporting.replace_between(path, start, end, text)
 
 
 PROG = 'python -m lra_msmra_tools.fits'

@@ -59,6 +59,8 @@ VARIANTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      {'variant': 'axial', 'axial_plan': 'horizontal'}),
     ('combiner_mixture', 'combiner', {'variant': 'mixture'}),
 )
+VARIANTS_BY_LABEL = {label: (mechanism, kw)
+                     for label, mechanism, kw in VARIANTS}
 BATCH = 2
 HEADS = 4
 DOC_START = '<!-- kernel-matrix:start -->'

@@ -54,3 +54,16 @@ def pyplot():
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   return plt
+
+
+def replace_between(path: str, start: str, end: str, text: str) -> None:
+  """Puts `text` between the markers `start` and `end` of the file `path`
+  (each report's generated section of a doc)."""
+  with open(path, encoding='utf-8') as f:
+    doc = f.read()
+  if start not in doc or end not in doc:
+    raise SystemExit(f'{path}: no {start} ... {end} markers to replace.')
+  head, rest = doc.split(start, 1)
+  _, tail = rest.split(end, 1)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(f'{head}{start}\n{text}\n{end}{tail}')

@@ -1,0 +1,386 @@
+r"""How much work the Pallas kernels do for the work they must do: a report.
+
+  python -m lra_msmra_tools.benchmark.kernel_work [--cases listops,pathx] \
+      [--batch 4] [--json F.json] [--doc docs/benchmarks.md]
+
+For each mechanism variant with a Pallas implementation
+(`lra_msmra_tools.kernels.VARIANTS`), at the shape and knobs of its LRA
+config (ListOps: 2,001 tokens with CLS; Path-X: 16,384 pixels), one
+attention layer (`StandaloneAttention`, as the encoder builds it) with
+`implementation='pallas'`: the jaxpr of its forward pass and of the
+gradients of its parameters and input, read as the GPU program (the
+`cuda` branch of each kernel's platform switch). Nothing runs and nothing
+compiles, so the report takes seconds and needs no accelerator.
+
+Per case, in one table:
+
+* kernels per layer, forward and backward (`pallas_call`s);
+* XLA transposes, pads and gathers outside the kernels (plus cumulative
+  sums and maxima, which XLA lowers as scans), forward and backward
+  together;
+* programs per grid: the smallest grid of any kernel, against 2 x the 132
+  SMs of an H100 (fewer programs leave SMs idle);
+* matmuls per tile: the most `dot_general`s in one loop body of a kernel,
+  forward / backward (FlashAttention-2 does 2 / 5);
+* for the kernels built on `kernels/flash.py` (cst, long_short,
+  combiner_fixed): key tiles visited against key tiles that hold a key some
+  query of the tile sees, and the useful share of computed scores (scores
+  a query may use over the scores the visited tiles compute) of the
+  sequence keys ('window') and the extra keys ('extra') of each call of the
+  layer in its order (cst: local, then global), counted from the
+  call's own window and extra-key rules (`Window.key_range`,
+  `Extra.key_range`) with every key valid.
+  The other kernels' tiles are not counted ('-').
+
+`--json` writes the records; `--doc` puts the table between the markers
+of the work-report section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lra_msmra import config_lib
+from lra_msmra import data as data_lib
+from lra_msmra.attention import standalone
+from lra_msmra.kernels import flash
+from lra_msmra_tools import kernels as kernel_matrix
+from lra_msmra_tools import reporting
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# The config file of each variant's mechanism, per task of the report.
+CONFIG_FILES = {
+    'cst': 'cst', 'long_short': 'long_short', 'adamra': 'adamra',
+    'combiner_fixed': 'combiner_fixed',
+    'combiner_axial_vertical': 'combiner_axial',
+    'combiner_axial_horizontal': 'combiner_axial',
+    'combiner_mixture': 'combiner_fixed',
+}
+TASKS = ('listops', 'pathx')
+H100_SMS = 132
+XLA_GLUE = ('transpose', 'pad', 'gather', 'cumsum', 'cummax')
+DOC_START = '<!-- kernel-work:start -->'
+DOC_END = '<!-- kernel-work:end -->'
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  variant: str
+  task: str
+  length: int
+  heads: int
+  head_dim: int
+  batch: int
+  knobs: dict
+
+
+def case(variant: str, task: str, batch: int) -> Case:
+  """The variant at its `task` config's shape and knobs."""
+  path = os.path.join(ROOT, 'configs', task,
+                      CONFIG_FILES[variant] + '.py')
+  config = config_lib.load_sibling(path, CONFIG_FILES[variant]).get_config()
+  mechanism, variant_kw = kernel_matrix.VARIANTS_BY_LABEL[variant]
+  if config.model.attention != mechanism:
+    raise ValueError(f'{path} configures {config.model.attention!r}, not '
+                     f'{mechanism!r}.')
+  knobs = dict(config.model.attention_kw)
+  knobs.update(variant_kw)
+  spec = data_lib.get_model_spec(config)
+  length = spec['max_len'] + int(config.model.pooling == 'CLS')
+  m = config.model
+  return Case(variant, task, length, m.num_heads, m.qkv_dim // m.num_heads,
+              batch, knobs)
+
+
+# ------------------------------------------------------------ the jaxpr
+
+
+def _is_triton_branch(jaxpr) -> bool:
+  for eqn in _eqns(jaxpr, cuda_only=False):
+    if eqn.primitive.name == 'pallas_call':
+      params = eqn.params.get('compiler_params')
+      return 'triton' in type(params).__module__
+  return False
+
+
+def _sub_jaxprs(eqn, cuda_only: bool):
+  """The jaxprs inside `eqn`; of a platform switch only its cuda branch."""
+  if eqn.primitive.name == 'pallas_call':
+    return []
+  if eqn.primitive.name == 'cond' and cuda_only:
+    branches = [b.jaxpr for b in eqn.params['branches']]
+    triton = [b for b in branches if _is_triton_branch(b)]
+    if triton:
+      return triton[:1]
+    return branches
+  subs = []
+  for value in eqn.params.values():
+    for v in (value if isinstance(value, (tuple, list)) else (value,)):
+      if hasattr(v, 'jaxpr') and hasattr(v.jaxpr, 'eqns'):
+        subs.append(v.jaxpr)
+      elif hasattr(v, 'eqns'):
+        subs.append(v)
+  return subs
+
+
+def _eqns(jaxpr, cuda_only: bool = True):
+  """Every equation of `jaxpr` and of the jaxprs inside it, kernels' bodies
+  left out."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in _sub_jaxprs(eqn, cuda_only):
+      yield from _eqns(sub, cuda_only)
+
+
+def _loop_dots(jaxpr) -> int:
+  """The most dot_generals in one loop body of a kernel (or its whole body
+  where it has no loop)."""
+  best, here = 0, 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      here += 1
+    for value in eqn.params.values():
+      for v in (value if isinstance(value, (tuple, list)) else (value,)):
+        inner = getattr(v, 'jaxpr', v)
+        if hasattr(inner, 'eqns'):
+          best = max(best, _loop_dots(inner))
+  return max(best, here)
+
+
+def kernels_of(jaxpr) -> list[dict[str, Any]]:
+  """Each pallas_call of the program: name, grid, matmuls per tile."""
+  out = []
+  for eqn in _eqns(jaxpr):
+    if eqn.primitive.name != 'pallas_call':
+      continue
+    grid = tuple(eqn.params['grid_mapping'].grid)
+    info = eqn.params.get('name_and_src_info')
+    name = getattr(info, 'name', None) or eqn.params.get('name', '?')
+    out.append({'name': name, 'grid': grid,
+                'programs': int(np.prod(grid)),
+                'dots': _loop_dots(eqn.params['jaxpr'])})
+  return out
+
+
+def glue_of(jaxpr) -> dict[str, int]:
+  counts = {p: 0 for p in XLA_GLUE}
+  for eqn in _eqns(jaxpr):
+    if eqn.primitive.name in counts:
+      counts[eqn.primitive.name] += 1
+  return counts
+
+
+# ------------------------------------------------------------ flash tiles
+
+
+@contextlib.contextmanager
+def recording_flash_calls(calls: list):
+  """Records, for every `flash.flash_attention` call traced inside, its
+  static settings (`flash._Static`, the tile among them), batch x heads,
+  and its queries, sequence keys and extra keys before the kernels pad
+  them to the tile (as given, where a kernel module calls `flash._flash`
+  itself)."""
+  public, kernel = flash.flash_attention, flash._flash  # pylint: disable=protected-access
+  sizes: list = []
+
+  def spy_public(q, k=None, v=None, key_valid=None, **kw):
+    extra = kw.get('extra')
+    sizes.append((q.shape[2], 0 if k is None or kw.get('window', 1) is None
+                  else k.shape[2], 0 if extra is None else extra[0].shape[2]))
+    return public(q, k, v, key_valid, **kw)
+
+  def spy_kernel(static, seed, q, window_args, extra_args):
+    # A kernel module that pads for itself (combiner's axial passes) calls
+    # `_flash` directly: its padded sizes.
+    real = sizes.pop(0) if sizes else (
+        q.shape[2], 0 if window_args is None else window_args[0].shape[2],
+        0 if extra_args is None else extra_args[0].shape[2])
+    calls.append((static, q.shape[0] * q.shape[1], *real))
+    return kernel(static, seed, q, window_args, extra_args)
+  flash.flash_attention, flash._flash = spy_public, spy_kernel  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    flash.flash_attention, flash._flash = public, kernel  # pylint: disable=protected-access
+
+
+def _tile_work(rule, t: int, nq: int, n: int, visible
+               ) -> tuple[int, int, int, int]:
+  """(tiles visited, tiles needed, scores computed, scores used) of one
+  key set under `rule` for one (batch, head): `nq` queries and `n` keys,
+  each padded to a multiple of the tile `t` as the kernels pad them."""
+  nq_pad, n_pad = -(-nq // t) * t, -(-n // t) * t
+  visited = needed = used = 0
+  j = np.arange(n_pad)[None, :]
+  for q0 in range(0, nq_pad, t):
+    lo, hi = (int(x) for x in rule.key_range(
+        jnp.int32(q0), jnp.int32(q0 + t - 1), n_pad))
+    visited += max(-(-hi // t) - lo // t, 0)
+    i = np.arange(q0, q0 + t)[:, None]
+    ok = visible(i, j) & (i < nq) & (j < n)
+    used += int(ok.sum())
+    needed += int(ok.reshape(t, -1, t).any(axis=(0, 2)).sum())
+  return visited, needed, visited * t * t, used
+
+
+def flash_work(calls) -> Optional[dict[str, Any]]:
+  """Tiles over the recorded `flash._flash` calls, and the useful share of
+  each call (its window and extra keys together)."""
+  if not calls:
+    return None
+  visited = needed = 0
+  shares = []
+  for static, rows, nq, nk, nm in calls:
+    t = static.block
+    parts = []
+    if static.window is not None:
+      w = static.window
+
+      def win(i, j, w=w):
+        m = w.mask(jnp.asarray(i), jnp.asarray(j))
+        return (np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
+                if m is None else np.asarray(m))
+      parts.append(('window', w, nk, win))
+    if static.extra is not None:
+      e = static.extra
+
+      def ext(i, m, e=e):
+        mask = e.mask(jnp.asarray(i), jnp.asarray(m))
+        return (np.ones(np.broadcast_shapes(i.shape, m.shape), bool)
+                if mask is None else np.asarray(mask))
+      parts.append(('extra', e, nm, ext))
+    for part, rule, n, visible in parts:
+      v, nd, c, u = _tile_work(rule, t, nq, n, visible)
+      visited += rows * v
+      needed += rows * nd
+      shares.append((part, u / c if c else None))
+  return {'tiles_visited': visited, 'tiles_needed': needed,
+          'useful_shares': shares}
+
+
+# ---------------------------------------------------------------- a case
+
+
+def measure(c: Case) -> dict[str, Any]:
+  from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
+  mechanism, _ = kernel_matrix.VARIANTS_BY_LABEL[c.variant]
+  features = c.heads * c.head_dim
+  layer = standalone.StandaloneAttention(
+      mechanism=mechanism,
+      kw=FrozenDict(dict(c.knobs, implementation='pallas')),
+      num_heads=c.heads, qkv_features=features, dtype=jnp.bfloat16,
+      max_len=c.length)
+  x = jax.ShapeDtypeStruct((c.batch, c.length, features), jnp.bfloat16)
+  mask = jax.ShapeDtypeStruct((c.batch, c.length), jnp.bool_)
+  params = jax.eval_shape(lambda: layer.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, c.length, features),
+                                       jnp.bfloat16),
+      padding_mask=jnp.ones((1, c.length), bool)))
+
+  def forward(p, x, mask):
+    return layer.apply(p, x, padding_mask=mask, deterministic=True)
+
+  def loss(p, x, mask):
+    return jnp.sum(forward(p, x, mask).astype(jnp.float32) ** 2)
+
+  calls: list = []
+  with recording_flash_calls(calls):
+    fwd = jax.make_jaxpr(forward)(params, x, mask).jaxpr
+  both = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, x,
+                                                        mask).jaxpr
+  fwd_kernels, all_kernels = kernels_of(fwd), kernels_of(both)
+  bwd_kernels = all_kernels[len(fwd_kernels):]
+  glue = glue_of(both)
+  record = dataclasses.asdict(c)
+  record.pop('knobs')
+  record.update(
+      kernels_forward=len(fwd_kernels), kernels_backward=len(bwd_kernels),
+      glue=glue, glue_total=sum(glue.values()),
+      min_programs=min(k['programs'] for k in all_kernels),
+      smallest_grid=min(all_kernels, key=lambda k: k['programs'])['name'],
+      dots_forward=max(k['dots'] for k in fwd_kernels),
+      dots_backward=sum(max((k['dots'] for k in bwd_kernels
+                             if k['name'] == name), default=0)
+                        for name in dict.fromkeys(k['name']
+                                                  for k in bwd_kernels)),
+      flash=flash_work(calls))
+  return record
+
+
+# ---------------------------------------------------------------- output
+
+
+def table(records: Sequence[dict[str, Any]]) -> str:
+  header = ('| case | N | kernels fwd / bwd | XLA transposes, pads, gathers,'
+            ' scans | fewest programs (kernel) | matmuls per tile fwd / bwd '
+            '| key tiles visited / needed | useful share |')
+  rows = [header, '|' + '---|' * 8]
+  for r in records:
+    g = r['glue']
+    glue = (f'{r["glue_total"]} ({g["transpose"]}, {g["pad"]}, '
+            f'{g["gather"]}, {g["cumsum"] + g["cummax"]})')
+    programs = r['min_programs']
+    mark = '' if programs >= 2 * H100_SMS else ' ✗'
+    f = r['flash']
+    tiles = (f'{f["tiles_visited"]:,} / {f["tiles_needed"]:,}' if f else '-')
+    share = (', '.join(f'{part} {100 * x:.1f}%'
+                       for part, x in f['useful_shares'] if x is not None)
+             if f else '-')
+    rows.append(
+        f'| {r["variant"]} ({r["task"]}) | {r["length"]:,} | '
+        f'{r["kernels_forward"]} / {r["kernels_backward"]} | {glue} | '
+        f'{programs:,}{mark} ({r["smallest_grid"]}) | '
+        f'{r["dots_forward"]} / {r["dots_backward"]} | {tiles} | {share} |')
+  return '\n'.join(rows)
+
+
+def main(argv: Sequence[str]) -> int:
+  parser = argparse.ArgumentParser(
+      description=__doc__.split('\n\n')[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--cases', default=','.join(TASKS),
+                      help='tasks whose configs give the shapes: '
+                      f'{",".join(TASKS)}')
+  parser.add_argument('--variants', default=','.join(CONFIG_FILES))
+  parser.add_argument('--batch', type=int, default=4)
+  parser.add_argument('--json', help='write the records here')
+  parser.add_argument('--doc', help='put the table into this markdown file, '
+                      f'between {DOC_START} and {DOC_END}')
+  args = parser.parse_args(argv)
+  tasks = [t for t in args.cases.split(',') if t]
+  variants = [v for v in args.variants.split(',') if v]
+  for t in tasks:
+    if t not in TASKS:
+      parser.error(f'--cases: unknown task {t!r}; valid: {",".join(TASKS)}')
+  for v in variants:
+    if v not in CONFIG_FILES:
+      parser.error(f'--variants: unknown variant {v!r}; valid: '
+                   f'{",".join(CONFIG_FILES)}')
+  records = []
+  for task in tasks:
+    for variant in variants:
+      records.append(measure(case(variant, task, args.batch)))
+      print(f'{variant} ({task}) measured', file=sys.stderr, flush=True)
+  text = table(records)
+  print(text)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(records, f, indent=1)
+  if args.doc:
+    reporting.replace_between(args.doc, DOC_START, DOC_END, text)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
