@@ -4,8 +4,10 @@ r"""How much work the Pallas kernels do for the work they must do: a report.
       [--batch 4] [--json F.json] [--doc docs/benchmarks.md]
 
 For each mechanism variant with a Pallas implementation
-(`lra_msmra_tools.kernels.VARIANTS`), at the shape and knobs of its LRA
-config (ListOps: 2,001 tokens with CLS; Path-X: 16,384 pixels), one
+(`lra_msmra_tools.kernels.VARIANTS`), at the shape, heads and knobs of its
+ListOps config (2,001 tokens with CLS) and at 16K (its Path-X config's
+knobs and 16,384 pixels, with 4 heads of 64 as in the device benchmark's
+layer), batch 4, one
 attention layer (`StandaloneAttention`, as the encoder builds it) with
 `implementation='pallas'`: the jaxpr of its forward pass and of the
 gradients of its parameters and input, read as the GPU program (the
@@ -67,7 +69,11 @@ CONFIG_FILES = {
     'combiner_axial_horizontal': 'combiner_axial',
     'combiner_mixture': 'combiner_fixed',
 }
-TASKS = ('listops', 'pathx')
+# 'listops': the ListOps config's shape; '16k': the Path-X config's knobs and
+# length (16,384) at the device benchmark's layer (4 heads of 64), where
+# the targets are set.
+TASKS = ('listops', '16k')
+WIDE = {'heads': 4, 'head_dim': 64}
 H100_SMS = 132
 XLA_GLUE = ('transpose', 'pad', 'gather', 'cumsum', 'cummax')
 DOC_START = '<!-- kernel-work:start -->'
@@ -87,7 +93,8 @@ class Case:
 
 def case(variant: str, task: str, batch: int) -> Case:
   """The variant at its `task` config's shape and knobs."""
-  path = os.path.join(ROOT, 'configs', task,
+  folder = 'pathx' if task == '16k' else task
+  path = os.path.join(ROOT, 'configs', folder,
                       CONFIG_FILES[variant] + '.py')
   config = config_lib.load_sibling(path, CONFIG_FILES[variant]).get_config()
   mechanism, variant_kw = kernel_matrix.VARIANTS_BY_LABEL[variant]
@@ -99,8 +106,10 @@ def case(variant: str, task: str, batch: int) -> Case:
   spec = data_lib.get_model_spec(config)
   length = spec['max_len'] + int(config.model.pooling == 'CLS')
   m = config.model
-  return Case(variant, task, length, m.num_heads, m.qkv_dim // m.num_heads,
-              batch, knobs)
+  heads, head_dim = m.num_heads, m.qkv_dim // m.num_heads
+  if task == '16k':
+    heads, head_dim = WIDE['heads'], WIDE['head_dim']
+  return Case(variant, task, length, heads, head_dim, batch, knobs)
 
 
 # ------------------------------------------------------------ the jaxpr
@@ -350,7 +359,7 @@ def main(argv: Sequence[str]) -> int:
       description=__doc__.split('\n\n')[0],
       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--cases', default=','.join(TASKS),
-                      help='tasks whose configs give the shapes: '
+                      help='shapes: listops (its config), 16k: '
                       f'{",".join(TASKS)}')
   parser.add_argument('--variants', default=','.join(CONFIG_FILES))
   parser.add_argument('--batch', type=int, default=4)
