@@ -467,8 +467,12 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
 
 
 def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
-                streamed: bool = False):
-  """One key tile's dK and dV, over the query tiles that see it.
+                streamed: bool = False, chunks: int = 1,
+                chunk_tiles: int = 0):
+  """One key tile's dK and dV, over the query tiles that see it; with
+  `chunks` > 1, over those of one chunk of `chunk_tiles` query tiles (the
+  grid's last axis runs over key tiles x chunks, and the chunks' partial
+  sums are added outside).
 
   The tiles are transposed, keys by queries (`sT = k q^T`), so that the
   per-query log-sum-exp and delta are rows `[1, t]` (one row per query
@@ -482,7 +486,8 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
    dv_ref) = refs
   stream = _stream(static, seed_ref)
   t = static.block
-  j0 = pl.program_id(2) * t
+  x = pl.program_id(2)
+  j0 = (lax.div(x, chunks) if chunks > 1 else x) * t
   k, v = k_ref[...], v_ref[...]
   valid = valid_ref[...]
   j = _iota((t, t), 0, j0)
@@ -501,6 +506,10 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
     return dk, dv
 
   first, last = _tiles(*rule.query_range(j0, j0 + t - 1, nq), t)
+  if chunks > 1:
+    chunk = lax.rem(x, chunks)
+    first = jnp.maximum(first, chunk * chunk_tiles)
+    last = jnp.maximum(jnp.minimum(last, (chunk + 1) * chunk_tiles), first)
   rows = _Rows([q_ref, do_ref], scratch, t)
   dk, dv = rows.loop(first, last, body,
                      (jnp.zeros(k.shape, jnp.float32),
@@ -642,9 +651,13 @@ def on_every_platform(call, launch: Launch = Launch()):
   return run
 
 
-def _tile_spec(t: int, d: int):
-  """A tile of `t` rows of one (batch, head)."""
-  return pl.BlockSpec((None, None, t, d), lambda b, h, x: (b, h, x, 0))
+def _tile_spec(t: int, d: int, chunks: int = 1):
+  """A tile of `t` rows of one (batch, head): tile x of the grid's last
+  axis, or x // chunks where it runs over tiles x chunks."""
+  if chunks == 1:
+    return pl.BlockSpec((None, None, t, d), lambda b, h, x: (b, h, x, 0))
+  return pl.BlockSpec((None, None, t, d),
+                      lambda b, h, x: (b, h, lax.div(x, chunks), 0))
 
 
 def _whole_spec(n: int, d: int):
@@ -665,9 +678,12 @@ def _rows_spec(tiles: int, t: int):
   return pl.BlockSpec((None, None, tiles, t), lambda b, h, x: (b, h, 0, 0))
 
 
-def _column_spec(t: int):
+def _column_spec(t: int, chunks: int = 1):
   """One key tile's flags as a column `[t, 1]` (arrays `[batch, n, 1]`)."""
-  return pl.BlockSpec((None, t, 1), lambda b, h, x: (b, x, 0))
+  if chunks == 1:
+    return pl.BlockSpec((None, t, 1), lambda b, h, x: (b, x, 0))
+  return pl.BlockSpec((None, t, 1),
+                      lambda b, h, x: (b, lax.div(x, chunks), 0))
 
 
 def _is_tpu(params) -> bool:
@@ -822,24 +838,55 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
         + 2 * vmem_bytes((t, v.shape[3]), v.dtype)
         + vmem_bytes((t, 1), jnp.int32), t, max(d, v_dim))
 
-    def dkv_call(params, interpret, k=k, v=v, n=n, rule=rule, tag=tag):
+    chunks, chunk_tiles = query_chunks(batch * heads * (n // t), nq // t)
+
+    def dkv_call(params, interpret, k=k, v=v, n=n, rule=rule, tag=tag,
+                 chunks=chunks, chunk_tiles=chunk_tiles):
       kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
-                                 tag=tag, nq=nq, streamed=_is_tpu(params))
+                                 tag=tag, nq=nq, streamed=_is_tpu(params),
+                                 chunks=chunks, chunk_tiles=chunk_tiles)
+      # Partial sums per chunk in float32, added below.
+      out = lambda a: (jax.ShapeDtypeStruct(a.shape, a.dtype) if chunks == 1
+                       else jax.ShapeDtypeStruct(
+                           (batch, heads, n * chunks, a.shape[3]),
+                           jnp.float32))
       return pl.pallas_call(
-          kernel, grid=(batch, heads, n // t),
+          kernel, grid=(batch, heads, (n // t) * chunks),
           in_specs=seed_specs + queries.specs(params) + [
               _rows_spec(nq // t, t), _rows_spec(nq // t, t),
-              _tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3]),
-              _column_spec(t)],
+              _tile_spec(t, k.shape[3], chunks),
+              _tile_spec(t, v.shape[3], chunks), _column_spec(t, chunks)],
           out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
-          out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                     jax.ShapeDtypeStruct(v.shape, v.dtype)],
+          out_shape=[out(k), out(v)],
           scratch_shapes=queries.scratch_shapes(params),
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
-    grads.append(tuple(on_every_platform(dkv_call, launch)(
-        *seed_args, q, d_out, lse_rows, delta_rows, k, v, columns)))
+    d_k, d_v = on_every_platform(dkv_call, launch)(
+        *seed_args, q, d_out, lse_rows, delta_rows, k, v, columns)
+    if chunks > 1:
+      total = lambda g, a: g.reshape(batch, heads, n // t, chunks, t,
+                                     a.shape[3]).sum(3).reshape(
+                                         a.shape).astype(a.dtype)
+      d_k, d_v = total(d_k, k), total(d_v, v)
+    grads.append((d_k, d_v))
   return d_q, grads[0], grads[1]
+
+
+# Programs a grid should have at least: two per SM of an H100 (132 SMs),
+# so that no SM idles while another runs a second program.
+MIN_PROGRAMS = 2 * 132
+
+
+def query_chunks(programs: int, query_tiles: int) -> tuple[int, int]:
+  """(chunks, query tiles per chunk) that split a dK / dV grid of
+  `programs` key-tile programs over the `query_tiles` it loops over, so
+  that the grid has at least MIN_PROGRAMS programs: (1, query_tiles) when
+  it has them already."""
+  if programs >= MIN_PROGRAMS or query_tiles <= 1:
+    return 1, query_tiles
+  wanted = min(query_tiles, -(-MIN_PROGRAMS // programs))
+  chunk_tiles = query_tiles // wanted
+  return -(-query_tiles // chunk_tiles), chunk_tiles
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -88,6 +88,42 @@ def test_kernel_equals_reference_with_gradients(cid, window, rule):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
 
 
+def test_query_chunks_fill_the_grid():
+  assert flash.query_chunks(flash.MIN_PROGRAMS, 100) == (1, 100)
+  assert flash.query_chunks(16, 1) == (1, 1)
+  for programs, tiles in ((16, 256), (32, 32), (1, 7), (100, 3)):
+    chunks, per = flash.query_chunks(programs, tiles)
+    # Every query tile in exactly one chunk, none empty.
+    assert (chunks - 1) * per < tiles <= chunks * per
+    assert programs * chunks >= min(flash.MIN_PROGRAMS, programs * tiles)
+  assert flash.query_chunks(16, 256) == (18, 15)
+
+
+@pytest.mark.parametrize('cid,window,rule', [CASES[1], CASES[5], CASES[7]],
+                         ids=[CASES[1][0], CASES[5][0], CASES[7][0]])
+def test_dkv_over_query_chunks_equals_one_pass(monkeypatch, cid, window,
+                                               rule):
+  """The tests' grids are small, so their dK / dV passes run split over
+  query chunks; with the split off (a grid deemed large enough) the
+  gradients are the same."""
+  del cid
+  q, k, v, _, kx, vx, _ = _inputs()
+  kernel, _ = _functions(window, rule)
+  args = (q, k, v, kx, vx)
+  assert flash.query_chunks(BATCH * HEADS, -(-LENGTH // BLOCK))[0] > 1
+  cot = jax.random.normal(jax.random.PRNGKey(1), (BATCH, HEADS, LENGTH, DIM))
+  argnums = (0, 1, 2, 3, 4) if window and rule else (
+      (0, 1, 2) if window else (0, 3, 4))
+  grad = lambda: jax.grad(lambda *a: jnp.sum(kernel(*a) * cot),
+                          argnums)(*args)
+  split = grad()
+  monkeypatch.setattr(flash, 'MIN_PROGRAMS', 1)
+  assert flash.query_chunks(BATCH * HEADS, 5) == (1, 5)
+  whole = grad()
+  for a, b in zip(split, whole):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize('cid,window,rule', [CASES[3], CASES[5]],
                          ids=[CASES[3][0], CASES[5][0]])
 def test_dropout_equals_reference_with_the_same_mask(cid, window, rule):
