@@ -957,18 +957,82 @@ def _flags(valid: Array, multiple: int) -> Array:
   return flags.reshape(flags.shape[0], -1, multiple)
 
 
+# A call's tile is the largest whose visited tiles hold at least this share
+# of scores that a query may use (`fitted_block`).
+USEFUL_SHARE = 0.5
+
+
+def _visible_counts(rule, i: Array, n: int) -> Array:
+  """Keys among [0, n) that each query of `i` sees under `rule` (a Window
+  or an Extra), every key valid."""
+  if isinstance(rule, Extra) and rule.kind == 'other_group':
+    g = lax.div(i, rule.query_group)
+    own = (jnp.minimum((g + 1) * rule.key_group, n)
+           - jnp.minimum(g * rule.key_group, n))
+    return n - own
+  lo, hi = rule.key_range(i, i, n)
+  return jnp.broadcast_to(jnp.maximum(hi - lo, 0), i.shape)
+
+
+def useful_share(window: Optional[Window], extra: Optional[Extra], t: int,
+                 nq: int, nk: int, nm: int) -> float:
+  """Scores that queries may use over the scores that the visited tiles of
+  `t` queries by `t` keys compute, for `nq` queries, `nk` sequence keys
+  under `window` and `nm` extra keys under `extra` (each None when absent),
+  every key valid. Evaluated when the call is traced."""
+  pad = lambda n: -(-n // t) * t
+  used = computed = 0
+  with jax.ensure_compile_time_eval():
+    starts = jnp.arange(0, pad(nq), t, dtype=jnp.int32)
+    queries = jnp.arange(nq, dtype=jnp.int32)
+    for rule, n in ((window, nk), (extra, nm)):
+      if rule is None:
+        continue
+      lo, hi = rule.key_range(starts, starts + t - 1, pad(n))
+      first, last = _tiles(lo, hi, t)
+      tiles = jnp.broadcast_to(last - first, starts.shape)
+      computed += int(jnp.sum(tiles)) * t * t
+      used += int(jnp.sum(_visible_counts(rule, queries, n)))
+  return used / computed if computed else 1.0
+
+
+def fitted_block(window: Optional[Window], extra: Optional[Extra],
+                 largest: int, nq: int, nk: int, nm: int) -> int:
+  """The tile of a call, a power of two from MIN_BLOCK to `largest`: the
+  largest whose `useful_share` reaches USEFUL_SHARE, else the one with the
+  highest share (the larger of a tie). A narrow window (CST's slices of 8,
+  a Transformer-LS segment) gets small tiles, a full one the largest."""
+  best, best_share = largest, -1.0
+  t = largest
+  while t >= MIN_BLOCK:
+    share = useful_share(window, extra, t, nq, nk, nm)
+    if share >= USEFUL_SHARE:
+      return t
+    if share > best_share + 1e-9:
+      best, best_share = t, share
+    t //= 2
+  return best
+
+
 def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
-                     extra: Optional[tuple[Array, Array, Array]], block: int
+                     extra: Optional[tuple[Array, Array, Array]], block: int,
+                     rules: Optional[tuple[Optional[Window],
+                                           Optional[Extra]]] = None
                      ) -> tuple[int, Callable[[Array], Array], Any, Any]:
   """The tile t, the padding of queries and keys (to a multiple of t along
   the sequence, to a power of two of at least 16 along the head), and the
   padded (keys, values, flag rows) of the window and of the extra keys
-  (each None when absent)."""
+  (each None when absent). With the call's (window, extra) `rules`, the
+  tile fits them (`fitted_block`); without, it is the largest allowed."""
   parts = [p for p in (window, extra) if p is not None]
   longest = max([q.shape[2]] + [p[0].shape[2] for p in parts])
   widths = (tile_size(q.shape[3], 2**30), tile_size(parts[0][1].shape[3],
                                                      2**30))
   t = tile_size(longest, max_block(max(widths), q.dtype, block))
+  if rules is not None:
+    t = fitted_block(rules[0], rules[1], t, q.shape[2],
+                     0 if window is None else window[0].shape[2],
+                     0 if extra is None else extra[0].shape[2])
   keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
   values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
   padded = lambda p: (None if p is None else
@@ -1014,7 +1078,9 @@ def flash_attention(q: Array, k: Optional[Array] = None,
     extra_rule: which extra keys each query sees.
     block: queries and keys per tile, at most (a power of two >= 16;
       shorter sequences, and wide float32 heads (`max_block`), get smaller
-      tiles).
+      tiles). Within it the tile fits the window and the extra keys
+      (`fitted_block`): the largest with at least USEFUL_SHARE of its
+      scores used.
     dropout_rate: attention dropout on the normalised weights (0: none).
     dropout_seed: int32 or uint32 scalar; required with dropout. The keep
       mask is `keep_mask(seed, b, h, query, key, part, heads, rate)`.
@@ -1042,7 +1108,8 @@ def flash_attention(q: Array, k: Optional[Array] = None,
   if extra is not None:
     extra_rule.check()
   t, keys, window_args, extra_args = _padded_operands(
-      q, (k, v, key_valid) if window is not None else None, extra, block)
+      q, (k, v, key_valid) if window is not None else None, extra, block,
+      rules=(window, extra_rule if extra is not None else None))
   v_dim = (v if window is not None else extra[1]).shape[3]
   seed = _dropout_seed(dropout_rate, dropout_seed)
   nq = q.shape[2]

@@ -64,12 +64,13 @@ def test_pallas_equals_xla_with_gradients(cid, kw, causal):
       lambda v, a: jnp.sum(layer.apply(v, a, padding_mask=mask) * cot),
       argnums=(0, 1)))(variables, x)
   # Float32 rounding, relative to each leaf's largest entry (up to ~170
-  # here, with unit biases); a leaf whose true gradient is zero holds noise
+  # here, with unit biases; the kernels add dK / dV over query chunks in
+  # another order than XLA); a leaf whose true gradient is zero holds noise
   # of order 1e-5 in both.
   for g, w in zip(jax.tree_util.tree_leaves(grads(pallas)),
                   jax.tree_util.tree_leaves(grads(xla))):
     scale = float(np.abs(np.asarray(w)).max())
-    np.testing.assert_allclose(g, w, rtol=0, atol=5e-5 + 3e-6 * scale)
+    np.testing.assert_allclose(g, w, rtol=0, atol=5e-5 + 1e-5 * scale)
 
 
 def test_bfloat16_tracks_xla():

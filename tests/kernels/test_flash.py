@@ -88,6 +88,53 @@ def test_kernel_equals_reference_with_gradients(cid, window, rule):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize('window,rule,t', [
+    (W('segment', size=8), None, 16),
+    (W('segment', size=8, causal=True), None, 16),
+    (W('sliding', left=7), E('earlier_group', key_group=2, query_group=16),
+     16),
+    (W('full'), E('other_group', key_group=1, query_group=16), 32),
+    (None, E('all'), 32),
+])
+def test_useful_share_counts_what_the_tiles_compute(window, rule, t):
+  """`flash.useful_share` (which picks a call's tile) against a count of
+  every query-key pair the rules allow, over the tiles the kernels visit
+  (the work report's count)."""
+  from lra_msmra_tools.benchmark import kernel_work  # pylint: disable=g-import-not-at-top
+  nq, nk, nm = 77, 77, 37
+  used = computed = 0
+  for r, n in ((window, nk), (rule, nm)):
+    if r is None:
+      continue
+    visible = lambda i, j, r=r: (
+        np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
+        if r.mask(jnp.asarray(i), jnp.asarray(j)) is None
+        else np.asarray(r.mask(jnp.asarray(i), jnp.asarray(j))))
+    _, _, c, u = kernel_work._tile_work(r, t, nq, n, visible)
+    used, computed = used + u, computed + c
+  assert flash.useful_share(window, rule, t, nq, nk if window else 0,
+                            nm if rule else 0) == pytest.approx(
+                                used / computed)
+
+
+def test_tiles_fit_the_pattern():
+  fit = lambda w, e=None, n=2048, m=0: flash.fitted_block(w, e, 64, n, n, m)
+  # CST's slices of 8: 16-token tiles use half of their scores, 64-token
+  # tiles an eighth.
+  assert fit(W('segment', size=8)) == 16
+  assert flash.useful_share(W('segment', size=8), None, 64, 2048, 2048,
+                            0) == 8 / 64
+  # A full window keeps the largest tile; so does a short sequence's.
+  assert fit(W('full')) == 64 and fit(W('full', causal=True)) == 64
+  # Wider segments: the largest tile that uses half of its scores.
+  assert fit(W('segment', size=16)) == 32
+  assert fit(W('segment', size=32)) == 64
+  # Nothing reaches half (a window of 3 keys): the best share, 16.
+  assert fit(W('sliding', left=1, right=1)) == 16
+  # Called inside a trace: the choice is made from static shapes.
+  jax.jit(lambda x: x * fit(W('segment', size=8)))(1.0)
+
+
 def test_query_chunks_fill_the_grid():
   assert flash.query_chunks(flash.MIN_PROGRAMS, 100) == (1, 100)
   assert flash.query_chunks(16, 1) == (1, 1)
