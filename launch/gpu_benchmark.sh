@@ -14,13 +14,20 @@ Usage: launch/gpu_benchmark.sh [--dry_run] OUT_DIR [-- DEVICE_FLAGS...]
 Runs, from the repository root:
   [pip install of .wheels/*.whl into $SITE, if ml_collections or
    tensorboardX is missing]
+  [the tile sweep, unless TILE_SWEEP=no:
+   python3 -m lra_msmra_tools.benchmark.tile_sweep --out OUT_DIR --install \
+       --budget_s $TILE_BUDGET_S 2>&1 | tee OUT_DIR/tile_sweep.log]
   XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=[$SITE:]$PWD \
       timeout $((BUDGET_S + 60)) python3 -m lra_msmra_tools.benchmark.device \
       --out OUT_DIR --budget_s $BUDGET_S [DEVICE_FLAGS...] \
       2>&1 | tee OUT_DIR/device.log
 
-OUT_DIR then holds device.json (every record, the environment, the device),
-device.md, device.png and device.log. Turn the JSON into the GPU section of
+OUT_DIR then holds tile_sweep.json and tile_table.json (the flash kernels'
+tiles, warps and stages timed beside cuDNN; installed as
+lra_msmra/kernels/tile_table.json, so the benchmark runs with them: commit
+that file after the compile matrix passes with it), device.json (every
+record, the environment, the device), device.md, device.png and
+device.log. Turn the JSON into the GPU section of
 docs/benchmarks.md with
   python -m lra_msmra_tools.benchmark.device_report --json OUT_DIR/device.json \
       --docs docs/benchmarks.md --image docs/img/gpu_benchmark.png
@@ -32,6 +39,8 @@ Environment:
   SITE           folder they are installed into (default:
                  /tmp/lra_msmra_site)
   INSTALL_WHEELS auto (default: only if an import fails), yes or no
+  TILE_SWEEP     yes (default) or no: the tile sweep first
+  TILE_BUDGET_S  seconds for the tile sweep (default 120)
   PYTHON         interpreter (default: python3)
 
 Options:
@@ -52,7 +61,23 @@ budget="${BUDGET_S:-440}"
 
 setup_wheels  # Sets pythonpath.
 
+tile_budget="${TILE_BUDGET_S:-120}"
+[[ "$tile_budget" =~ ^[0-9]+$ ]] || fail "TILE_BUDGET_S=$tile_budget: give whole seconds"
+[[ "${TILE_SWEEP:-yes}" =~ ^(yes|no)$ ]] || fail "TILE_SWEEP=${TILE_SWEEP}: give yes or no"
+
 run mkdir -p "$out"
+if [[ "${TILE_SWEEP:-yes}" == yes ]]; then
+  sweep=(env XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+         "PYTHONPATH=$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
+         timeout --kill-after=20 "$((tile_budget + 120))"
+         "$python" -m lra_msmra_tools.benchmark.tile_sweep --out "$out"
+         --install --budget_s "$tile_budget")
+  if [[ "$dry_run" == 1 ]]; then
+    echo "$(join_quoted "${sweep[@]}") 2>&1 | $(join_quoted tee "$out/tile_sweep.log")"
+  else
+    "${sweep[@]}" 2>&1 | tee "$out/tile_sweep.log"
+  fi
+fi
 cmd=(env XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
      "PYTHONPATH=$pythonpath${PYTHONPATH:+:$PYTHONPATH}"
      timeout --kill-after=20 "$((budget + 60))"

@@ -52,9 +52,13 @@ per program: the Triton and Mosaic parameters sit in separate branches,
 which one program lowered for both platforms at once cannot hold). Each
 call's settings per compiler are a `Launch`: on TPUs the scoped VMEM limit
 and 'parallel' grid axes (a megacore chip, v4 or v5p, splits them over its
-two cores); on GPUs Triton's warps and pipeline stages. The tile and the
-warps follow `max_block` and `triton_warps`, found by compiling every
-mechanism for an H200 without a register spill.
+two cores); on GPUs Triton's warps and pipeline stages. A call's tile
+fits its pattern (`fitted_block`: the largest whose visited tiles use at
+least half of their scores), within a cap per head width (`max_block`);
+the cap, the warps and the stages follow rules found by compiling every
+mechanism for an H200 without a register spill, or the tile table that a
+GPU sweep measured (`TILE_TABLE`). A dK / dV grid too small to fill a GPU
+is split over query chunks (`query_chunks`).
 
 On TPUs the whole-sequence operands (the keys and values of the forward
 and dQ kernels, the queries and output gradients of the dK / dV kernel)
@@ -76,6 +80,8 @@ per query tile for the dK / dV kernel, which works on transposed tiles
 from __future__ import annotations
 
 import functools
+import json
+import os
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -534,11 +540,66 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
 TILE_ELEMENTS = {1: 8192, 2: 8192, 4: 1024}
 # Tiles of this many elements and more run on 8 warps, smaller ones on 4.
 WIDE_TILE_ELEMENTS = 8192
+# Triton's software-pipelining stages where neither the call nor the tile
+# table sets them.
+DEFAULT_STAGES = 2
+
+# The tile table: measured choices that replace the rules above, per padded
+# head width and element size (`max_tile`: the largest tile) and per tile
+# and width (`launch`: Triton's warps and stages). The GPU tile sweep
+# (`python -m lra_msmra_tools.benchmark.tile_sweep`, run by
+# launch/gpu_benchmark.sh) writes it from timings beside cuDNN's; without
+# the file, or without an entry, the rules hold. The compile checks
+# (`python -m lra_msmra_tools.kernels`, tests/kernels/test_compile.py)
+# compile the kernels with the table as it is read here.
+TILE_TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                               'tile_table.json')
+
+
+def load_tile_table(path: str = TILE_TABLE_FILE) -> dict[str, Any]:
+  """The tile table at `path` ({'max_tile': {}, 'launch': {}} without
+  one); a malformed file is refused in one line."""
+  table = {'max_tile': {}, 'launch': {}}
+  if not os.path.exists(path):
+    return table
+  with open(path) as f:
+    loaded = json.load(f)
+  for section in table:
+    for key, entry in loaded.get(section, {}).items():
+      if section == 'max_tile' and not (
+          isinstance(entry, int) and entry >= MIN_BLOCK
+          and entry & (entry - 1) == 0):
+        raise ValueError(f'{path}: max_tile[{key!r}] = {entry!r}; give a '
+                         f'power of two >= {MIN_BLOCK}, or delete the file.')
+      if section == 'launch' and not (
+          isinstance(entry, dict) and set(entry) <= {'warps', 'stages'}):
+        raise ValueError(f'{path}: launch[{key!r}] = {entry!r}; give '
+                         '{"warps": W, "stages": S}, or delete the file.')
+      table[section][key] = entry
+  return table
+
+
+TILE_TABLE = load_tile_table()
+
+
+def table_key(width: int, dtype: Any) -> str:
+  """The tile table's `max_tile` key: padded head width and element
+  bytes, e.g. '64/2'."""
+  return f'{width}/{jnp.dtype(dtype).itemsize}'
+
+
+def launch_key(tile: int, width: int) -> str:
+  """The tile table's `launch` key, e.g. '64x128'."""
+  return f'{tile}x{width}'
 
 
 def max_block(width: int, dtype: Any, block: int = DEFAULT_BLOCK) -> int:
-  """The largest tile of at most `block` rows (halving it) whose [tile,
-  width] tiles of `dtype` stay within TILE_ELEMENTS (at least MIN_BLOCK)."""
+  """The largest tile of at most `block` rows for [tile, width] tiles of
+  `dtype`: the tile table's (`TILE_TABLE`), or else the largest (halving
+  `block`) within TILE_ELEMENTS (at least MIN_BLOCK)."""
+  measured = TILE_TABLE['max_tile'].get(table_key(width, dtype))
+  if measured is not None:
+    return max(MIN_BLOCK, min(block, measured))
   limit = TILE_ELEMENTS.get(jnp.dtype(dtype).itemsize, min(
       TILE_ELEMENTS.values()))
   while block > MIN_BLOCK and block * width > limit:
@@ -548,8 +609,19 @@ def max_block(width: int, dtype: Any, block: int = DEFAULT_BLOCK) -> int:
 
 def triton_warps(block: int, width: int) -> int:
   """Warps of a Triton kernel whose tiles are `block` rows by `width`
-  columns (the padded head dimension)."""
+  columns (the padded head dimension): the tile table's, or else 8 for
+  tiles of WIDE_TILE_ELEMENTS and more, 4 for smaller ones."""
+  entry = TILE_TABLE['launch'].get(launch_key(block, width), {})
+  if 'warps' in entry:
+    return entry['warps']
   return 8 if block * width >= WIDE_TILE_ELEMENTS else 4
+
+
+def triton_stages(block: int, width: int) -> int:
+  """Triton's pipelining stages for such a kernel: the tile table's, or
+  DEFAULT_STAGES."""
+  entry = TILE_TABLE['launch'].get(launch_key(block, width), {})
+  return entry.get('stages', DEFAULT_STAGES)
 
 
 # Mosaic keeps every block of a call in VMEM, twice (double buffering) for
@@ -589,19 +661,21 @@ class Launch(NamedTuple):
       megacore TPU splits them over its cores) or 'arbitrary'.
     warps: Triton's warps, where `triton_warps` does not fit the kernel.
     stages: Triton's software-pipelining stages of the kernel's loops
-      (each stage buffers the loop's loads in shared memory once more).
+      (each stage buffers the loop's loads in shared memory once more),
+      where `triton_stages` does not fit the kernel.
   """
   block_bytes: int = 0
   tile: int = DEFAULT_BLOCK
   width: int = 64
   semantics: tuple[str, ...] = ('parallel',) * 3
   warps: Optional[int] = None
-  stages: int = 2
+  stages: Optional[int] = None
 
   @classmethod
   def of(cls, specs, arrays, tile: int, width: int,
          semantics: Optional[tuple[str, ...]] = None,
-         warps: Optional[int] = None, stages: int = 2) -> 'Launch':
+         warps: Optional[int] = None,
+         stages: Optional[int] = None) -> 'Launch':
     """The launch of a call whose blocks are `specs` of `arrays` (inputs
     and outputs alike; arrays may be ShapeDtypeStructs), one semantics per
     grid axis ('parallel' on every axis by default: the grid's length is
@@ -625,7 +699,7 @@ class Launch(NamedTuple):
   def triton(self):
     return pltriton.CompilerParams(
         num_warps=self.warps or triton_warps(self.tile, self.width),
-        num_stages=self.stages)
+        num_stages=self.stages or triton_stages(self.tile, self.width))
 
 
 # On the CPU, run the kernels in the form they take on TPUs (their HBM

@@ -512,13 +512,19 @@ def test_script_dry_run(tmp_path):
                     INSTALL_WHEELS='yes', WHEELS=str(wheels),
                     SITE='/tmp/site', BUDGET_S='300')
   assert proc.returncode == 0, proc.stderr
-  pip, mkdir, bench = proc.stdout.splitlines()
+  pip, mkdir, sweep, bench = proc.stdout.splitlines()
   assert shlex.split(pip) == [
       'python3', '-m', 'pip', 'install', '-q', '--no-index', '--no-deps',
       '--no-compile', '--no-cache-dir', '--upgrade', '--target', '/tmp/site',
       str(wheels / 'a-1-py3-none-any.whl'),
       str(wheels / 'b-2-py3-none-any.whl')]
   assert shlex.split(mkdir) == ['mkdir', '-p', out]
+  # The tile sweep first, installing its table for the benchmark.
+  command, tee = sweep.split(' 2>&1 | ')
+  assert shlex.split(tee) == ['tee', os.path.join(out, 'tile_sweep.log')]
+  assert shlex.split(command)[-8:] == [
+      'python3', '-m', 'lra_msmra_tools.benchmark.tile_sweep', '--out', out,
+      '--install', '--budget_s', '120']
   command, tee = bench.split(' 2>&1 | ')
   assert shlex.split(tee) == ['tee', os.path.join(out, 'device.log')]
   assert shlex.split(command) == [
@@ -526,8 +532,9 @@ def test_script_dry_run(tmp_path):
       f'PYTHONPATH=/tmp/site:{helpers.ROOT}', 'timeout', '--kill-after=20',
       '360', 'python3', '-m', 'lra_msmra_tools.benchmark.device', '--out', out,
       '--budget_s', '300', '--layers', 'softmax']
-  # Without wheels to install: no pip, the default budget.
-  proc = run_script('--dry_run', out, INSTALL_WHEELS='no')
+  # Without wheels to install and without the sweep: no pip, the default
+  # budget.
+  proc = run_script('--dry_run', out, INSTALL_WHEELS='no', TILE_SWEEP='no')
   lines = proc.stdout.splitlines()
   assert len(lines) == 2 and '--budget_s 440' in lines[1]
 
@@ -538,5 +545,7 @@ def test_script_errors(tmp_path):
                     WHEELS=str(tmp_path))
   assert proc.returncode == 2 and 'no wheels' in proc.stderr
   assert run_script('--dry_run', 'out', BUDGET_S='5m').returncode == 2
+  assert run_script('--dry_run', 'out', TILE_BUDGET_S='2m').returncode == 2
+  assert run_script('--dry_run', 'out', TILE_SWEEP='maybe').returncode == 2
   assert run_script('--dry_run', 'a', 'b').returncode == 2
   assert run_script('--dry_run', 'out', '--nope').returncode == 2
