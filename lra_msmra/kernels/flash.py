@@ -946,11 +946,6 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   return d_q, grads[0], grads[1]
 
 
-# Programs a grid should have at least: two per SM of an H100 (132 SMs),
-# so that no SM idles while another runs a second program.
-MIN_PROGRAMS = 2 * 132
-
-
 def query_chunks(programs: int, query_tiles: int) -> tuple[int, int]:
   """(chunks, query tiles per chunk) that split a dK / dV grid of
   `programs` key-tile programs over the `query_tiles` it loops over, so
@@ -1034,6 +1029,10 @@ def _flags(valid: Array, multiple: int) -> Array:
 # A call's tile is the largest whose visited tiles hold at least this share
 # of scores that a query may use (`fitted_block`).
 USEFUL_SHARE = 0.5
+# Programs a grid should have at least: two per SM of an H100 (132 SMs),
+# so that no SM idles while another runs a second program.
+MIN_PROGRAMS = 2 * 132
+
 
 
 def _visible_counts(rule, i: Array, n: int) -> Array:
@@ -1071,21 +1070,29 @@ def useful_share(window: Optional[Window], extra: Optional[Extra], t: int,
 
 
 def fitted_block(window: Optional[Window], extra: Optional[Extra],
-                 largest: int, nq: int, nk: int, nm: int) -> int:
-  """The tile of a call, a power of two from MIN_BLOCK to `largest`: the
-  largest whose `useful_share` reaches USEFUL_SHARE, else the one with the
-  highest share (the larger of a tie). A narrow window (CST's slices of 8,
-  a Transformer-LS segment) gets small tiles, a full one the largest."""
+                 largest: int, nq: int, nk: int, nm: int,
+                 rows: int = MIN_PROGRAMS) -> int:
+  """The tile of a call, a power of two from MIN_BLOCK to `largest`.
+
+  Among the tiles whose `useful_share` reaches USEFUL_SHARE, the largest
+  whose grid (`rows` = batch x heads, times the query tiles) has
+  MIN_PROGRAMS programs, else the one with the most programs; without
+  such a tile, the one with the highest share (the larger of a tie). A
+  narrow window (CST's slices of 8, a Transformer-LS segment) gets small
+  tiles, a full one the largest that fills the GPU."""
   best, best_share = largest, -1.0
+  useful = []
   t = largest
   while t >= MIN_BLOCK:
     share = useful_share(window, extra, t, nq, nk, nm)
     if share >= USEFUL_SHARE:
-      return t
+      useful.append(t)
+      if rows * -(-nq // t) >= MIN_PROGRAMS:
+        return t
     if share > best_share + 1e-9:
       best, best_share = t, share
     t //= 2
-  return best
+  return useful[-1] if useful else best
 
 
 def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
@@ -1106,7 +1113,8 @@ def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
   if rules is not None:
     t = fitted_block(rules[0], rules[1], t, q.shape[2],
                      0 if window is None else window[0].shape[2],
-                     0 if extra is None else extra[0].shape[2])
+                     0 if extra is None else extra[0].shape[2],
+                     rows=q.shape[0] * q.shape[1])
   keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
   values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
   padded = lambda p: (None if p is None else

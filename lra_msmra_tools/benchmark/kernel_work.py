@@ -224,6 +224,16 @@ def recording_flash_calls(calls: list):
     flash.flash_attention, flash._flash = public, kernel  # pylint: disable=protected-access
 
 
+def visible_of(rule):
+  """`(i, j) -> bool array`: which keys j queries i see under `rule` (a
+  flash Window or Extra), every key valid."""
+  def visible(i, j):
+    m = rule.mask(jnp.asarray(i), jnp.asarray(j))
+    return (np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
+            if m is None else np.asarray(m))
+  return visible
+
+
 def _tile_work(rule, t: int, nq: int, n: int, visible
                ) -> tuple[int, int, int, int]:
   """(tiles visited, tiles needed, scores computed, scores used) of one
@@ -252,25 +262,11 @@ def flash_work(calls) -> Optional[dict[str, Any]]:
   shares = []
   for static, rows, nq, nk, nm in calls:
     t = static.block
-    parts = []
-    if static.window is not None:
-      w = static.window
-
-      def win(i, j, w=w):
-        m = w.mask(jnp.asarray(i), jnp.asarray(j))
-        return (np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
-                if m is None else np.asarray(m))
-      parts.append(('window', w, nk, win))
-    if static.extra is not None:
-      e = static.extra
-
-      def ext(i, m, e=e):
-        mask = e.mask(jnp.asarray(i), jnp.asarray(m))
-        return (np.ones(np.broadcast_shapes(i.shape, m.shape), bool)
-                if mask is None else np.asarray(mask))
-      parts.append(('extra', e, nm, ext))
-    for part, rule, n, visible in parts:
-      v, nd, c, u = _tile_work(rule, t, nq, n, visible)
+    parts = [(part, rule, n) for part, rule, n in (
+        ('window', static.window, nk), ('extra', static.extra, nm))
+             if rule is not None]
+    for part, rule, n in parts:
+      v, nd, c, u = _tile_work(rule, t, nq, n, visible_of(rule))
       visited += rows * v
       needed += rows * nd
       shares.append((part, u / c if c else None))

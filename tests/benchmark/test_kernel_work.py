@@ -1,18 +1,7 @@
 """The kernel work report counts what the kernels compute."""
 
-import numpy as np
-
 from lra_msmra.kernels import flash
 from lra_msmra_tools.benchmark import kernel_work
-
-
-def _visible(rule):
-  def visible(i, j):
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    m = rule.mask(jnp.asarray(i), jnp.asarray(j))
-    return (np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
-            if m is None else np.asarray(m))
-  return visible
 
 
 def test_tile_work_of_segments_full_and_sliding_windows():
@@ -20,24 +9,24 @@ def test_tile_work_of_segments_full_and_sliding_windows():
   # used by each query.
   seg = flash.Window('segment', size=8)
   visited, needed, computed, used = kernel_work._tile_work(
-      seg, 64, 256, 256, _visible(seg))
+      seg, 64, 256, 256, kernel_work.visible_of(seg))
   assert (visited, needed) == (4, 4)
   assert used == 256 * 8 and computed == 4 * 64 * 64
   # A full window over 100 keys padded to 128: every tile, 100 keys a row.
   full = flash.Window('full')
   visited, needed, computed, used = kernel_work._tile_work(
-      full, 64, 64, 100, _visible(full))
+      full, 64, 64, 100, kernel_work.visible_of(full))
   assert (visited, needed, used) == (2, 2, 64 * 100)
   # A causal full window: the tiles above the diagonal are skipped.
   causal = flash.Window('full', causal=True)
   visited, needed, _, used = kernel_work._tile_work(
-      causal, 16, 64, 64, _visible(causal))
+      causal, 16, 64, 64, kernel_work.visible_of(causal))
   assert visited == needed == 1 + 2 + 3 + 4
   assert used == 64 * 65 // 2
   # A sliding window of +-4 keys in 16-key tiles straddles 2 or 3 tiles.
   sliding = flash.Window('sliding', left=4, right=4)
   visited, needed, _, used = kernel_work._tile_work(
-      sliding, 16, 64, 64, _visible(sliding))
+      sliding, 16, 64, 64, kernel_work.visible_of(sliding))
   assert visited == needed == 2 + 3 + 3 + 2
   assert used == sum(min(i + 4, 63) - max(i - 4, 0) + 1 for i in range(64))
 
@@ -51,13 +40,14 @@ def test_a_cst_layer_reports_its_kernels_grid_and_shares():
   # in the backward.
   assert (r['kernels_forward'], r['kernels_backward']) == (2, 4)
   assert r['dots_forward'] == 2 and r['dots_backward'] == 7
-  # The local pass's queries use 8 of the 64 keys of their one key tile;
-  # the global pass (32 slice means, a 32-key tile) uses them all.
+  # The tiles fit the pattern and, the grid being small, take the most
+  # programs: the local pass's 16-token tiles hold two slices of 8 (half
+  # of their scores used), the global pass's 32 slice means two full tiles.
   shares = dict(enumerate(s for _, s in r['flash']['useful_shares']))
-  assert shares[0] == 8 / 64 and shares[1] == 1.0
+  assert shares[0] == 8 / 16 and shares[1] == 1.0
   assert r['flash']['tiles_visited'] == r['flash']['tiles_needed']
-  # Grids are (batch, heads, tiles): the global pass's single query tile.
-  assert r['min_programs'] == 2 * 2 * 1
+  # Grids are (batch, heads, tiles): the global pass's 2 query tiles.
+  assert r['min_programs'] == 2 * 2 * 2
   assert r['glue_total'] == sum(r['glue'].values()) > 0
 
 

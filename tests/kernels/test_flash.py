@@ -106,11 +106,8 @@ def test_useful_share_counts_what_the_tiles_compute(window, rule, t):
   for r, n in ((window, nk), (rule, nm)):
     if r is None:
       continue
-    visible = lambda i, j, r=r: (
-        np.ones(np.broadcast_shapes(i.shape, j.shape), bool)
-        if r.mask(jnp.asarray(i), jnp.asarray(j)) is None
-        else np.asarray(r.mask(jnp.asarray(i), jnp.asarray(j))))
-    _, _, c, u = kernel_work._tile_work(r, t, nq, n, visible)
+    _, _, c, u = kernel_work._tile_work(r, t, nq, n,
+                                        kernel_work.visible_of(r))
     used, computed = used + u, computed + c
   assert flash.useful_share(window, rule, t, nq, nk if window else 0,
                             nm if rule else 0) == pytest.approx(
@@ -118,7 +115,8 @@ def test_useful_share_counts_what_the_tiles_compute(window, rule, t):
 
 
 def test_tiles_fit_the_pattern():
-  fit = lambda w, e=None, n=2048, m=0: flash.fitted_block(w, e, 64, n, n, m)
+  fit = lambda w, e=None, n=2048, m=0, rows=64: flash.fitted_block(
+      w, e, 64, n, n, m, rows)
   # CST's slices of 8: 16-token tiles use half of their scores, 64-token
   # tiles an eighth.
   assert fit(W('segment', size=8)) == 16
@@ -131,6 +129,14 @@ def test_tiles_fit_the_pattern():
   assert fit(W('segment', size=32)) == 64
   # Nothing reaches half (a window of 3 keys): the best share, 16.
   assert fit(W('sliding', left=1, right=1)) == 16
+  # A small grid takes smaller tiles to fill the GPU (MIN_PROGRAMS = 264):
+  # 251 slice means of 32 (batch, head) rows are 128 programs at 64, 256 at
+  # 32, 512 at 16; of 64 rows, 256 at 64 and 512 at 32.
+  assert fit(W('full'), n=251, rows=32) == 16
+  assert fit(W('full'), n=251, rows=64) == 32
+  assert fit(W('full'), n=251, rows=128) == 64
+  # None fills it: the most programs.
+  assert fit(W('full'), n=251, rows=1) == 16
   # Called inside a trace: the choice is made from static shapes.
   jax.jit(lambda x: x * fit(W('segment', size=8)))(1.0)
 
