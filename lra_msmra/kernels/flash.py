@@ -313,8 +313,10 @@ def _stream(static: _Static, seed_ref) -> Optional[tuple[Array, ...]]:
 
 def _dropper(static: _Static, stream, part: int, i: Array, j: Array):
   """`x -> x` with dropped entries zeroed and kept ones scaled by
-  1 / (1 - rate), for the tile of queries `i` and keys `j`; identity
-  without dropout."""
+  1 / (1 - rate), for the tile of queries `i` and keys `j` (index arrays
+  that broadcast to it: a query column and a key row, or the transposed
+  tile's query row and key column, so that the hash's query round runs
+  once per query, not per entry); identity without dropout."""
   if stream is None:
     return lambda x: x
   seed, batch, head = stream
@@ -404,6 +406,8 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
   i0 = pl.program_id(2) * t
   q = q_ref[...]
   i = _iota((t, t), 0, i0)
+  # The dropout hash's query column: its query round runs once per row.
+  q_ids = _iota((t, 1), 0, i0)
   acc = jnp.zeros(q.shape, jnp.float32)
   m = jnp.full((t, 1), NEG, jnp.float32)
   l = jnp.zeros((t, 1), jnp.float32)
@@ -424,7 +428,8 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
       l = l * scale + row_sum
       if static.extra_mass:
         lx = lx * scale + (row_sum if tag == EXTRA_PART else 0.0)
-      dropped = _dropper(static, stream, tag, i, j)(p)
+      dropped = _dropper(static, stream, tag, q_ids,
+                         _iota((1, t), 1, tile * t))(p)
       acc = acc * scale + dot(dropped.astype(v.dtype), v, 1, 0)
       return acc, m_new, l, lx
     rows = _Rows([k_ref, v_ref],
@@ -455,6 +460,8 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
   q, do = q_ref[...], do_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
   i = _iota((t, t), 0, i0)
+  # The dropout hash's query column: its query round runs once per row.
+  q_ids = _iota((t, 1), 0, i0)
   dq = jnp.zeros(q.shape, jnp.float32)
   for p_index, (rule, n, tag, k_ref, v_ref, valid_ref) in enumerate(parts):
     def body(tile, kv, dq, rule=rule, tag=tag, valid_ref=valid_ref):
@@ -462,7 +469,8 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
       j = _iota((t, t), 1, tile * t)
       ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
       p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse), 0.0)
-      d_p = _dropper(static, stream, tag, i, j)(dot(do, v, 1, 1))
+      d_p = _dropper(static, stream, tag, q_ids,
+                         _iota((1, t), 1, tile * t))(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
       return dq + dot(ds.astype(k.dtype), k, 1, 0)
     rows = _Rows([k_ref, v_ref],
@@ -497,6 +505,8 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
   k, v = k_ref[...], v_ref[...]
   valid = valid_ref[...]
   j = _iota((t, t), 0, j0)
+  # The dropout hash's key column: its key round alone is per entry.
+  k_ids = _iota((t, 1), 0, j0)
 
   def body(tile, q_do, carry):
     dk, dv = carry
@@ -505,7 +515,8 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
     ok = _tile_mask(rule, valid, i, j)
     p = jnp.where(ok, jnp.exp(dot(k, q, 1, 1) - lse_ref[pl.ds(tile, 1), :]),
                   0.0)
-    drop = _dropper(static, stream, tag, i, j)
+    drop = _dropper(static, stream, tag, _iota((1, t), 1, tile * t),
+                    k_ids)
     dv = dv + dot(drop(p).astype(do.dtype), do, 1, 0)
     ds = p * (drop(dot(v, do, 1, 1)) - delta_ref[pl.ds(tile, 1), :])
     dk = dk + dot(ds.astype(q.dtype), q, 1, 0)

@@ -202,6 +202,25 @@ def test_dropout_equals_reference_with_the_same_mask(cid, window, rule):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
 
 
+def test_keep_mask_of_a_query_column_and_key_row_is_the_tile_mask():
+  """The kernels hash a query column and a key row (the query round once
+  per row); the bits are those of the whole tile's indices."""
+  i0, j0, t = 48, 16, 16
+  full_i = jnp.arange(i0, i0 + t)[:, None] + jnp.zeros((1, t), jnp.int32)
+  full_j = jnp.arange(j0, j0 + t)[None, :] + jnp.zeros((t, 1), jnp.int32)
+  args = (jnp.int32(7), jnp.int32(1), jnp.int32(3))
+  tile = flash.keep_mask(*args, full_i, full_j, flash.EXTRA_PART, 4, 0.3)
+  narrow = flash.keep_mask(*args, jnp.arange(i0, i0 + t)[:, None],
+                           jnp.arange(j0, j0 + t)[None, :],
+                           flash.EXTRA_PART, 4, 0.3)
+  transposed = flash.keep_mask(*args, jnp.arange(i0, i0 + t)[None, :],
+                               jnp.arange(j0, j0 + t)[:, None],
+                               flash.EXTRA_PART, 4, 0.3)
+  assert narrow.shape == (t, t)
+  np.testing.assert_array_equal(narrow, tile)
+  np.testing.assert_array_equal(transposed, tile.T)
+
+
 def test_keep_mask_rate_and_independence():
   b = jnp.arange(4)[:, None, None, None]
   h = jnp.arange(4)[None, :, None, None]
