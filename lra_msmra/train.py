@@ -210,7 +210,7 @@ def evaluate(eval_fn: Callable[..., Any], params: Any, source: pipeline.Source,
     if i == 0:
       if compiling and label:  # The first call returns once compiled.
         console.log(f'Compiled the evaluation step in '
-                        f'{time.time() - start:.1f} s.')
+                    f'{time.time() - start:.1f} s.')
       # Wait for the first batch: the time of the others is the steady
       # evaluation speed (for the training ETA).
       jax.block_until_ready(totals)

@@ -117,19 +117,19 @@ def test_flops_are_counted_with_the_xla_implementation():
 
 def test_mfu_in_results_needs_a_known_peak_and_one_kind_of_device():
   progress = console.Progress(10, 0, flops_per_step=4e12, num_devices=2,
-                                  peak_flops_per_s=4e12)
+                              peak_flops_per_s=4e12)
   peak = hardware.Peak(4e12, 1e12, 'a datasheet')
   h100 = {'device_kind': 'NVIDIA H100', 'num_devices': 2}
   out = records.throughput({'train_steps_per_sec': 1.0}, progress, peak,
-                              [h100, h100])
+                           [h100, h100])
   assert out == {'train_tflops_per_device': 2.0, 'train_mfu': 0.5,
                  'peak_flops_per_device': {'flops_per_s': 4e12,
                                            'source': 'a datasheet'}}
   out = records.throughput({'train_steps_per_sec': 1.0}, progress, peak,
-                              [h100, {'device_kind': 'cpu', 'num_devices': 1}])
+                           [h100, {'device_kind': 'cpu', 'num_devices': 1}])
   assert out == {'train_tflops_per_device': 2.0}
   assert records.throughput({'train_steps_per_sec': None}, progress, peak,
-                               [h100]) == {}
+                            [h100]) == {}
 
 
 def test_the_test_split_is_evaluated_once_when_the_best_is_the_last(
