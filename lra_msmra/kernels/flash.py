@@ -549,8 +549,12 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
 # element size; the tile they give holds on every platform, since it fixes
 # the padding and the layout of the key flags.
 TILE_ELEMENTS = {1: 8192, 2: 8192, 4: 1024}
-# Tiles of this many elements and more run on 8 warps, smaller ones on 4.
+# Tiles of this many elements and more run on 8 warps, smaller ones on 4,
+# and those under NARROW_TILE_ELEMENTS on 2: the fitted 16-row tiles of a
+# narrow window ([16, 32] in float32 spilled in Transformer-LS's dK / dV
+# kernel with 4 warps on an H200; with 2 it compiles clean).
 WIDE_TILE_ELEMENTS = 8192
+NARROW_TILE_ELEMENTS = 1024
 # Triton's software-pipelining stages where neither the call nor the tile
 # table sets them.
 DEFAULT_STAGES = 2
@@ -621,11 +625,14 @@ def max_block(width: int, dtype: Any, block: int = DEFAULT_BLOCK) -> int:
 def triton_warps(block: int, width: int) -> int:
   """Warps of a Triton kernel whose tiles are `block` rows by `width`
   columns (the padded head dimension): the tile table's, or else 8 for
-  tiles of WIDE_TILE_ELEMENTS and more, 4 for smaller ones."""
+  tiles of WIDE_TILE_ELEMENTS and more, 2 for those under
+  NARROW_TILE_ELEMENTS, 4 between."""
   entry = TILE_TABLE['launch'].get(launch_key(block, width), {})
   if 'warps' in entry:
     return entry['warps']
-  return 8 if block * width >= WIDE_TILE_ELEMENTS else 4
+  if block * width >= WIDE_TILE_ELEMENTS:
+    return 8
+  return 4 if block * width >= NARROW_TILE_ELEMENTS else 2
 
 
 def triton_stages(block: int, width: int) -> int:

@@ -14,6 +14,7 @@ def test_the_table_replaces_the_rules(monkeypatch):
   # 8192 elements; 2 stages.
   assert flash.max_block(64, jnp.float32) == 16
   assert flash.triton_warps(64, 128) == 8
+  assert flash.triton_warps(32, 32) == 4 and flash.triton_warps(16, 32) == 2
   assert flash.triton_stages(64, 128) == flash.DEFAULT_STAGES
   monkeypatch.setattr(flash, 'TILE_TABLE', {
       'max_tile': {'64/4': 32, '128/2': 128},
