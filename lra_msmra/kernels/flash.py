@@ -1052,7 +1052,6 @@ USEFUL_SHARE = 0.5
 MIN_PROGRAMS = 2 * 132
 
 
-
 def _visible_counts(rule, i: Array, n: int) -> Array:
   """Keys among [0, n) that each query of `i` sees under `rule` (a Window
   or an Extra), every key valid."""
