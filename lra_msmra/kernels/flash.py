@@ -98,6 +98,11 @@ Array = jax.Array
 # Score of a masked entry: finite, so that no tile computes inf - inf; the
 # weights of masked entries are set to zero explicitly, never through it.
 NEG = -1e30
+# The kernels exponentiate with exp2: scores are taken in base 2 (log2(e)
+# folded into the one multiply-add that subtracts the running maximum), the
+# log-sum-exp they write stays natural.
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 # Queries and keys per tile (tiles are smaller when the sequence is).
 DEFAULT_BLOCK = 64
 # Smallest tile: Triton's matrix product needs 16 rows and columns.
@@ -286,16 +291,39 @@ def _tiles(lo: Array, hi: Array, block: int) -> tuple[Array, Array]:
   return first, last
 
 
+def _full_tiles(rule, a0: Array, a1: Array, n: int, block: int,
+                queries: bool = False) -> tuple[Array, Array]:
+  """Tile indices [first, last) of the tiles (of `block` keys, or with
+  `queries` of `block` queries) whose every entry `rule` lets through for
+  every query (every key) of a0..a1: the tiles inside the intersection of
+  the single positions' ranges, which for every rule here are intervals
+  whose ends never decrease with the position. Empty for 'other_group'
+  extra keys, whose visible set is not one interval."""
+  if isinstance(rule, Extra) and rule.kind == 'other_group':
+    return jnp.int32(0), jnp.int32(0)
+  span = rule.query_range if queries else rule.key_range
+  lo, hi = span(a1, a1, n)[0], span(a0, a0, n)[1]
+  first = lax.div(lo + block - 1, block)
+  return first, jnp.maximum(lax.div(hi, block), first)
+
+
+def _is_full(full_range: tuple[Array, Array], tile: Array,
+             tile_valid: Array) -> Array:
+  """Whether `tile` is an interior tile: inside `full_range` and (int32
+  scalar `tile_valid`) with every key valid."""
+  return (tile >= full_range[0]) & (tile < full_range[1]) & (tile_valid > 0)
+
+
 def _parts(static: _Static, refs: list, nk: int, nm: int) -> list:
-  """(rule, keys, part tag, k_ref, v_ref, flags_ref) per key part, taken
-  from the front of `refs`."""
+  """(rule, keys, part tag, k_ref, v_ref, flags_ref, full_ref) per key
+  part, taken from the front of `refs`."""
   parts = []
   if static.window is not None:
-    parts.append((static.window, nk, WINDOW_PART, refs.pop(0), refs.pop(0),
-                  refs.pop(0)))
+    parts.append((static.window, nk, WINDOW_PART,
+                  *[refs.pop(0) for _ in range(4)]))
   if static.extra is not None:
-    parts.append((static.extra, nm, EXTRA_PART, refs.pop(0), refs.pop(0),
-                  refs.pop(0)))
+    parts.append((static.extra, nm, EXTRA_PART,
+                  *[refs.pop(0) for _ in range(4)]))
   return parts
 
 
@@ -413,16 +441,31 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
   l = jnp.zeros((t, 1), jnp.float32)
   # The extra keys' part of `l` (the same running maximum), for the mass.
   lx = jnp.zeros((t, 1), jnp.float32)
-  for p_index, (rule, n, tag, k_ref, v_ref, valid_ref) in enumerate(parts):
-    def body(tile, kv, carry, rule=rule, tag=tag, valid_ref=valid_ref):
+  for p_index, (rule, n, tag, k_ref, v_ref, valid_ref,
+                full_ref) in enumerate(parts):
+    full = _full_tiles(rule, i0, i0 + t - 1, n, t)
+
+    def weights(tile, s, m, masked, rule=rule, valid_ref=valid_ref):
+      """The tile's weights against the new running maximum, and that
+      maximum (base 2: exp(s - max) = exp2(s log2 e - m))."""
+      if masked:
+        ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i,
+                        _iota((t, t), 1, tile * t))
+        s = jnp.where(ok, s, NEG)
+      m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True) * LOG2E)
+      p = jnp.exp2(s * LOG2E - m_new)
+      return (jnp.where(ok, p, 0.0) if masked else p), m_new
+
+    def body(tile, kv, carry, tag=tag, weights=weights, full=full,
+             full_ref=full_ref):
       acc, m, l, lx = carry
       k, v = kv
-      j = _iota((t, t), 1, tile * t)
-      ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
-      s = jnp.where(ok, dot(q, k, 1, 1), NEG)
-      m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
-      p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
-      scale = jnp.exp(m - m_new)
+      # Interior tiles skip the mask arithmetic.
+      p, m_new = lax.cond(_is_full(full, tile, full_ref[0, tile]),
+                          functools.partial(weights, masked=False),
+                          functools.partial(weights, masked=True),
+                          tile, dot(q, k, 1, 1), m)
+      scale = jnp.exp2(m - m_new)
       # The normaliser counts every weight; dropout acts on the weights.
       row_sum = jnp.sum(p, axis=1, keepdims=True)
       l = l * scale + row_sum
@@ -439,38 +482,57 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
   seen = l > 0
   total = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / total).astype(o_ref.dtype)
-  lse_ref[...] = jnp.where(seen, m + jnp.log(total), 0.0)
+  lse_ref[...] = jnp.where(seen, m * LN2 + jnp.log(total), 0.0)
   if mass_ref is not None:
     mass_ref[...] = lx / total
 
 
 def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
                streamed: bool = False):
-  """One query tile's dQ: recompute its weights from the log-sum-exp."""
+  """One query tile's dQ: recompute its weights from the log-sum-exp.
+  Also writes the tile's delta (rowsum(dO * O), which the dK / dV kernels
+  read)."""
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
-  q_ref, do_ref, lse_ref, delta_ref = refs[:4]
+  q_ref, do_ref, o_ref, lse_ref = refs[:4]
   refs = refs[4:]
   parts = _parts(static, refs, nk, nm)
   scratch = _scratch(refs, 2 * len(parts), streamed)
-  (dq_ref,) = refs
+  dq_ref, delta_ref = refs
   stream = _stream(static, seed_ref)
   t = static.block
   i0 = pl.program_id(2) * t
   q, do = q_ref[...], do_ref[...]
-  lse, delta = lse_ref[...], delta_ref[...]
+  delta = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32),
+                  axis=1, keepdims=True)
+  delta_ref[...] = delta
+  # The log-sum-exp in base 2, once per row.
+  lse = lse_ref[...] * LOG2E
   i = _iota((t, t), 0, i0)
   # The dropout hash's query column: its query round runs once per row.
   q_ids = _iota((t, 1), 0, i0)
   dq = jnp.zeros(q.shape, jnp.float32)
-  for p_index, (rule, n, tag, k_ref, v_ref, valid_ref) in enumerate(parts):
-    def body(tile, kv, dq, rule=rule, tag=tag, valid_ref=valid_ref):
+  for p_index, (rule, n, tag, k_ref, v_ref, valid_ref,
+                full_ref) in enumerate(parts):
+    full = _full_tiles(rule, i0, i0 + t - 1, n, t)
+
+    def weights(tile, s, masked, rule=rule, valid_ref=valid_ref):
+      p = jnp.exp2(s * LOG2E - lse)
+      if not masked:  # An interior tile: no mask arithmetic.
+        return p
+      ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i,
+                      _iota((t, t), 1, tile * t))
+      return jnp.where(ok, p, 0.0)
+
+    def body(tile, kv, dq, tag=tag, weights=weights, full=full,
+             full_ref=full_ref):
       k, v = kv
-      j = _iota((t, t), 1, tile * t)
-      ok = _tile_mask(rule, valid_ref[pl.ds(tile, 1), :], i, j)
-      p = jnp.where(ok, jnp.exp(dot(q, k, 1, 1) - lse), 0.0)
+      p = lax.cond(_is_full(full, tile, full_ref[0, tile]),
+                   functools.partial(weights, masked=False),
+                   functools.partial(weights, masked=True),
+                   tile, dot(q, k, 1, 1))
       d_p = _dropper(static, stream, tag, q_ids,
-                         _iota((1, t), 1, tile * t))(dot(do, v, 1, 1))
+                     _iota((1, t), 1, tile * t))(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
       return dq + dot(ds.astype(k.dtype), k, 1, 0)
     rows = _Rows([k_ref, v_ref],
@@ -496,25 +558,36 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
   scratch = _scratch(refs, 2, streamed)
-  (q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref, dk_ref,
-   dv_ref) = refs
+  (q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, valid_ref, full_ref,
+   dk_ref, dv_ref) = refs
   stream = _stream(static, seed_ref)
   t = static.block
   x = pl.program_id(2)
-  j0 = (lax.div(x, chunks) if chunks > 1 else x) * t
+  key_tile = lax.div(x, chunks) if chunks > 1 else x
+  j0 = key_tile * t
   k, v = k_ref[...], v_ref[...]
   valid = valid_ref[...]
-  j = _iota((t, t), 0, j0)
+  # The query tiles that see every key of this tile, if all are valid.
+  full = _full_tiles(rule, j0, j0 + t - 1, nq, t, queries=True)
+  key_tile_valid = full_ref[0, key_tile]
   # The dropout hash's key column: its key round alone is per entry.
   k_ids = _iota((t, 1), 0, j0)
+
+  def weights(tile, s, masked):
+    p = jnp.exp2(s * LOG2E - lse_ref[pl.ds(tile, 1), :] * LOG2E)
+    if not masked:  # An interior tile: no mask arithmetic.
+      return p
+    ok = _tile_mask(rule, valid, _iota((t, t), 1, tile * t),
+                    _iota((t, t), 0, j0))
+    return jnp.where(ok, p, 0.0)
 
   def body(tile, q_do, carry):
     dk, dv = carry
     q, do = q_do
-    i = _iota((t, t), 1, tile * t)
-    ok = _tile_mask(rule, valid, i, j)
-    p = jnp.where(ok, jnp.exp(dot(k, q, 1, 1) - lse_ref[pl.ds(tile, 1), :]),
-                  0.0)
+    p = lax.cond(_is_full(full, tile, key_tile_valid),
+                 functools.partial(weights, masked=False),
+                 functools.partial(weights, masked=True),
+                 tile, dot(k, q, 1, 1))
     drop = _dropper(static, stream, tag, _iota((1, t), 1, tile * t),
                     k_ids)
     dv = dv + dot(drop(p).astype(do.dtype), do, 1, 0)
@@ -764,6 +837,20 @@ def _flags_spec(tiles: int, t: int):
   return pl.BlockSpec((None, tiles, t), lambda b, h, x: (b, 0, 0))
 
 
+def valid_tiles(flags: Array) -> Array:
+  """int32 `[batch, 1, tiles]`: 1 where every key of the tile is valid,
+  from the flag rows `[batch, tiles, t]` (`_flags`)."""
+  return (jnp.min(flags, axis=-1) > 0).astype(jnp.int32)[:, None, :]
+
+
+def _valid_tiles_spec(tiles: int, params):
+  """One batch row of `valid_tiles` (`[1, tiles]`: a block whose last two
+  axes are the array's, as Mosaic requires), read one scalar at a time: in
+  SMEM on TPUs."""
+  space = {'memory_space': pltpu.SMEM} if _is_tpu(params) else {}
+  return pl.BlockSpec((None, 1, tiles), lambda b, h, x: (b, 0, 0), **space)
+
+
 def _rows_spec(tiles: int, t: int):
   """One (batch, head)'s per-query statistics, a row `[1, t]` per query
   tile (arrays `[batch, heads, tiles, t]`)."""
@@ -809,15 +896,15 @@ class _Whole(NamedTuple):
 
 
 def _key_args(static: _Static, window_args, extra_args):
-  """The (k, v, flags) operands, window first; the keys and values as
-  `_Whole` operands, and the flags' specs and VMEM."""
+  """The (k, v, flags, valid tiles) operands, window first; the keys and
+  values as `_Whole` operands, and the flags' specs and VMEM."""
   args, arrays, flag_specs, nbytes = [], [], [], 0
   for part, group in ((static.window, window_args),
                       (static.extra, extra_args)):
     if part is None:
       continue
     k, v, flags = group
-    args += [k, v, flags]
+    args += [k, v, flags, valid_tiles(flags)]
     arrays += [k, v]
     flag_specs.append(_flags_spec(*flags.shape[1:]))
     nbytes += vmem_bytes(flags.shape[1:], flags.dtype)
@@ -828,7 +915,8 @@ def _key_specs(whole: _Whole, flag_specs: list, params) -> list:
   """The specs of `_key_args`'s operands, in their order."""
   specs, kv = [], whole.specs(params)
   for index, flags in enumerate(flag_specs):
-    specs += [kv[2 * index], kv[2 * index + 1], flags]
+    specs += [kv[2 * index], kv[2 * index + 1], flags,
+              _valid_tiles_spec(flags.block_shape[1], params)]
   return specs
 
 
@@ -886,14 +974,12 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   _, nk, nm = _sizes(q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
-  delta = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32),
-                  axis=-1, keepdims=True)
   args, whole, flag_specs, flag_bytes = _key_args(static, window_args,
                                                   extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
   launch = Launch(
       whole.tpu_bytes + flag_bytes + 2 * vmem_bytes((t, d), q.dtype)
-      + vmem_bytes((t, v_dim), q.dtype)
+      + 2 * vmem_bytes((t, v_dim), q.dtype)
       + 2 * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
 
   def dq_call(params, interpret):
@@ -902,14 +988,15 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [_tile_spec(t, d), _tile_spec(t, v_dim),
-                               _tile_spec(t, 1), _tile_spec(t, 1)]
+                               _tile_spec(t, v_dim), _tile_spec(t, 1)]
         + _key_specs(whole, flag_specs, params),
-        out_specs=_tile_spec(t, d),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[_tile_spec(t, d), _tile_spec(t, 1)],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
-  d_q = on_every_platform(dq_call, launch)(*seed_args, q, d_out, lse, delta,
-                                           *args)
+  d_q, delta = on_every_platform(dq_call, launch)(*seed_args, q, d_out, out,
+                                                  lse, *args)
 
   # The dK / dV kernels read the statistics of each query tile as a row.
   rows = lambda x: x.reshape(batch, heads, nq // t, t)
@@ -947,14 +1034,16 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
           in_specs=seed_specs + queries.specs(params) + [
               _rows_spec(nq // t, t), _rows_spec(nq // t, t),
               _tile_spec(t, k.shape[3], chunks),
-              _tile_spec(t, v.shape[3], chunks), _column_spec(t, chunks)],
+              _tile_spec(t, v.shape[3], chunks), _column_spec(t, chunks),
+              _valid_tiles_spec(n // t, params)],
           out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
           out_shape=[out(k), out(v)],
           scratch_shapes=queries.scratch_shapes(params),
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
     d_k, d_v = on_every_platform(dkv_call, launch)(
-        *seed_args, q, d_out, lse_rows, delta_rows, k, v, columns)
+        *seed_args, q, d_out, lse_rows, delta_rows, k, v, columns,
+        valid_tiles(flags))
     if chunks > 1:
       total = lambda g, a: g.reshape(batch, heads, n // t, chunks, t,
                                      a.shape[3]).sum(3).reshape(
