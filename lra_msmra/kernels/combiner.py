@@ -125,6 +125,14 @@ class GroupRule(NamedTuple):
   def _key_group(self) -> int:
     return self.kinds * self.queries
 
+  def intervals(self) -> bool:
+    """Whether each query's keys (each key's queries) are exactly its
+    `key_range` (`query_range`), as flash's interior tiles need: the whole
+    group, or with one kind of key a prefix or suffix of it; not 'ne', nor
+    an order relation over several kinds."""
+    return self.relation == 'all' or (self.kinds == 1
+                                      and self.relation != 'ne')
+
   def mask(self, i: Array, j: Array) -> Array:
     q, size = self.queries, self._key_group()
     gi = lax.div(i, q)

@@ -138,6 +138,11 @@ class Window(NamedTuple):
       raise ValueError(f'Window left={self.left} and right={self.right} must '
                        'be >= 0.')
 
+  def intervals(self) -> bool:
+    """Each query's keys, and each key's queries, are exactly one
+    `key_range` / `query_range` interval (`_full_tiles`)."""
+    return True
+
   def mask(self, i: Array, j: Array) -> Optional[Array]:
     """Bool, broadcast of query positions `i` and key positions `j`."""
     ok = None
@@ -195,6 +200,10 @@ class Extra(NamedTuple):
     if self.key_group < 1 or self.query_group < 1:
       raise ValueError('Extra key_group and query_group must be >= 1, got '
                        f'{self.key_group} and {self.query_group}.')
+
+  def intervals(self) -> bool:
+    """As `Window.intervals`: not 'other_group' (two intervals)."""
+    return self.kind != 'other_group'
 
   def mask(self, i: Array, m: Array) -> Optional[Array]:
     if self.kind == 'all':
@@ -296,10 +305,11 @@ def _full_tiles(rule, a0: Array, a1: Array, n: int, block: int,
   """Tile indices [first, last) of the tiles (of `block` keys, or with
   `queries` of `block` queries) whose every entry `rule` lets through for
   every query (every key) of a0..a1: the tiles inside the intersection of
-  the single positions' ranges, which for every rule here are intervals
-  whose ends never decrease with the position. Empty for 'other_group'
-  extra keys, whose visible set is not one interval."""
-  if isinstance(rule, Extra) and rule.kind == 'other_group':
+  the single positions' ranges. Only for a rule whose `intervals()` says
+  that each position's visible set is exactly its `key_range` /
+  `query_range`, with ends that never decrease with the position; empty
+  for any other rule (every tile then takes the masked path)."""
+  if not getattr(rule, 'intervals', lambda: False)():
     return jnp.int32(0), jnp.int32(0)
   span = rule.query_range if queries else rule.key_range
   lo, hi = span(a1, a1, n)[0], span(a0, a0, n)[1]

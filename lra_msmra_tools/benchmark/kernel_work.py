@@ -167,8 +167,42 @@ def _loop_dots(jaxpr) -> int:
   return max(best, here)
 
 
+def _inner(eqn):
+  """The jaxprs in `eqn`'s parameters (loop bodies, cond branches)."""
+  for value in eqn.params.values():
+    for v in (value if isinstance(value, (tuple, list)) else (value,)):
+      inner = getattr(v, 'jaxpr', v)
+      if hasattr(inner, 'eqns'):
+        yield inner
+
+
+def _primitives(jaxpr) -> set[str]:
+  """The primitives of a kernel body, its loops and branches included."""
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for inner in _inner(eqn):
+      names |= _primitives(inner)
+  return names
+
+
+def _switches_in_loops(jaxpr, in_loop: bool = False) -> int:
+  """conds inside a kernel's loops: a tile loop that picks, per tile, the
+  unmasked body (interior tiles) or the masked one."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'cond' and in_loop:
+      count += 1
+    loop = in_loop or eqn.primitive.name in ('scan', 'while')
+    for inner in _inner(eqn):
+      count += _switches_in_loops(inner, loop)
+  return count
+
+
 def kernels_of(jaxpr) -> list[dict[str, Any]]:
-  """Each pallas_call of the program: name, grid, matmuls per tile."""
+  """Each pallas_call of the program: name, grid, matmuls per tile, the
+  exponentials of its body, whether its tile loops split interior tiles
+  from boundary ones."""
   out = []
   for eqn in _eqns(jaxpr):
     if eqn.primitive.name != 'pallas_call':
@@ -176,9 +210,13 @@ def kernels_of(jaxpr) -> list[dict[str, Any]]:
     grid = tuple(eqn.params['grid_mapping'].grid)
     info = eqn.params.get('name_and_src_info')
     name = getattr(info, 'name', None) or eqn.params.get('name', '?')
+    body = eqn.params['jaxpr']
+    prims = _primitives(body)
     out.append({'name': name, 'grid': grid,
                 'programs': int(np.prod(grid)),
-                'dots': _loop_dots(eqn.params['jaxpr'])})
+                'dots': _loop_dots(body),
+                'exp': sorted(prims & {'exp', 'exp2'}),
+                'interior_split': _switches_in_loops(body) > 0})
   return out
 
 
@@ -255,23 +293,27 @@ def _tile_work(rule, t: int, nq: int, n: int, visible
 
 def flash_work(calls) -> Optional[dict[str, Any]]:
   """Tiles over the recorded `flash._flash` calls, and the useful share of
-  each call (its window and extra keys together)."""
+  each part of each call (window keys, extra keys) and of each call (its
+  window and extra keys together: one pass of the kernels)."""
   if not calls:
     return None
   visited = needed = 0
-  shares = []
+  shares, call_shares = [], []
   for static, rows, nq, nk, nm in calls:
     t = static.block
     parts = [(part, rule, n) for part, rule, n in (
         ('window', static.window, nk), ('extra', static.extra, nm))
              if rule is not None]
+    computed = used = 0
     for part, rule, n in parts:
       v, nd, c, u = _tile_work(rule, t, nq, n, visible_of(rule))
       visited += rows * v
       needed += rows * nd
+      computed, used = computed + c, used + u
       shares.append((part, u / c if c else None))
+    call_shares.append(used / computed if computed else None)
   return {'tiles_visited': visited, 'tiles_needed': needed,
-          'useful_shares': shares}
+          'useful_shares': shares, 'call_shares': call_shares}
 
 
 # ---------------------------------------------------------------- a case
@@ -319,18 +361,33 @@ def measure(c: Case) -> dict[str, Any]:
                              if k['name'] == name), default=0)
                         for name in dict.fromkeys(k['name']
                                                   for k in bwd_kernels)),
-      flash=flash_work(calls))
+      flash=flash_work(calls),
+      exp2_kernels=sum(k['exp'] == ['exp2'] for k in all_kernels
+                       if k['exp']),
+      exp_kernels=sum(bool(k['exp']) for k in all_kernels),
+      flash_kernels=sum(k['name'].startswith('flash') for k in all_kernels),
+      split_kernels=sum(k['interior_split'] for k in all_kernels
+                        if k['name'].startswith('flash')))
   return record
 
 
 # ---------------------------------------------------------------- output
 
 
+def _of(record: dict[str, Any], part: str, whole: str) -> str:
+  """'part of whole' from a record ('-' for records from before the
+  field, or without such kernels)."""
+  if whole not in record or not record[whole]:
+    return '-'
+  return f'{record[part]} of {record[whole]}'
+
+
 def table(records: Sequence[dict[str, Any]]) -> str:
   header = ('| case | N | kernels fwd / bwd | XLA transposes, pads, gathers,'
             ' scans | fewest programs (kernel) | matmuls per tile fwd / bwd '
-            '| key tiles visited / needed | useful share |')
-  rows = [header, '|' + '---|' * 8]
+            '| key tiles visited / needed | useful share | kernels on exp2 '
+            '| flash kernels with unmasked interior tiles |')
+  rows = [header, '|' + '---|' * 10]
   for r in records:
     g = r['glue']
     glue = (f'{r["glue_total"]} ({g["transpose"]}, {g["pad"]}, '
@@ -342,11 +399,17 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     share = (', '.join(f'{part} {100 * x:.1f}%'
                        for part, x in f['useful_shares'] if x is not None)
              if f else '-')
+    if f and len(f.get('call_shares', ())) < len(f['useful_shares']):
+      share += ' (per pass: ' + ', '.join(
+          f'{100 * x:.1f}%' for x in f['call_shares'] if x is not None) + ')'
+
     rows.append(
         f'| {r["variant"]} ({r["task"]}) | {r["length"]:,} | '
         f'{r["kernels_forward"]} / {r["kernels_backward"]} | {glue} | '
         f'{programs:,}{mark} ({r["smallest_grid"]}) | '
-        f'{r["dots_forward"]} / {r["dots_backward"]} | {tiles} | {share} |')
+        f'{r["dots_forward"]} / {r["dots_backward"]} | {tiles} | {share} | '
+        f'{_of(r, "exp2_kernels", "exp_kernels")} | '
+        f'{_of(r, "split_kernels", "flash_kernels")} |')
   return '\n'.join(rows)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from lra_msmra.kernels import flash
+from lra_msmra.kernels.combiner import GroupRule
 
 pytestmark = pytest.mark.xdist_group('kernels-flash')
 
@@ -31,6 +32,9 @@ CASES = [
     ('segment-causal+extra-other', W('segment', size=16, causal=True),
      E('other_group', key_group=1, query_group=16)),
     ('extra-only', None, E('all')),
+    # Segments wider than the tile: interior tiles inside a segment.
+    ('segment-32-causal', W('segment', size=32, left=16, causal=True),
+     None),
 ]
 BATCH, HEADS, LENGTH, EXTRA, DIM = 2, 2, 77, 37, 8
 BLOCK = 16  # Several tiles of queries, keys and extra keys.
@@ -139,6 +143,66 @@ def test_tiles_fit_the_pattern():
   assert fit(W('full'), n=251, rows=1) == 16
   # Called inside a trace: the choice is made from static shapes.
   jax.jit(lambda x: x * fit(W('segment', size=8)))(1.0)
+
+
+# Every rule whose visible set is one interval per position, with an
+# extra rule that is not ('other_group': no interior tiles).
+FULL_RULES = [
+    W('full'), W('full', causal=True), W('segment', size=8),
+    W('segment', size=32, left=16, right=8),
+    W('segment', size=32, left=16, causal=True), W('sliding', left=40),
+    W('sliding', left=20, right=33), E('all'),
+    E('earlier_group', key_group=4, query_group=16),
+    E('other_group', key_group=4, query_group=16),
+    GroupRule(48), GroupRule(48, relation='le'), GroupRule(40, relation='lt'),
+    GroupRule(40, relation='gt'), GroupRule(40, relation='ne'),
+    GroupRule(24, kinds=2), GroupRule(24, kinds=2, relation='lt'),
+]
+
+
+@pytest.mark.parametrize('rule', FULL_RULES, ids=str)
+@pytest.mark.parametrize('t', [16, 32])
+def test_interior_tiles_are_exactly_the_fully_visible_ones(rule, t):
+  # An interior tile skips the mask, so it must hold only visible pairs;
+  # and every fully visible tile inside the visited range is one (else
+  # the split would be a no-op).
+  n = 160
+  i = np.arange(n)[:, None]
+  j = np.arange(n)[None, :]
+  with jax.ensure_compile_time_eval():
+    mask = rule.mask(jnp.asarray(i), jnp.asarray(j))
+    mask = np.ones((n, n), bool) if mask is None else np.asarray(mask)
+    for a in range(n // t):
+      rows = mask[a * t:(a + 1) * t]
+      first, last = flash._full_tiles(rule, a * t, a * t + t - 1, n, t)
+      for b in range(n // t):
+        block = rows[:, b * t:(b + 1) * t]
+        full = bool(first <= b < last)
+        assert not full or block.all(), (a, b)
+        if rule.intervals():
+          assert full == block.all(), (a, b)
+      # The key side: key tile a against query tiles.
+      cols = mask[:, a * t:(a + 1) * t]
+      first, last = flash._full_tiles(rule, a * t, a * t + t - 1, n, t,
+                                      queries=True)
+      for b in range(n // t):
+        block = cols[b * t:(b + 1) * t]
+        full = bool(first <= b < last)
+        assert not full or block.all(), (a, b)
+        if rule.intervals():
+          assert full == block.all(), (a, b)
+
+
+def test_valid_tiles_flag_only_tiles_of_valid_keys():
+  valid = np.ones((2, 70), bool)
+  valid[0, 20] = False
+  valid[1, 50:] = False
+  tiles = np.asarray(flash.valid_tiles(flash._flags(jnp.asarray(valid),
+                                                    16)))
+  assert tiles.shape == (2, 1, 5)
+  # Row 0: tile 1 holds key 20; the last tile holds padding (64..79).
+  np.testing.assert_array_equal(tiles[:, 0], [[1, 0, 1, 1, 0],
+                                              [1, 1, 1, 0, 0]])
 
 
 def test_query_chunks_fill_the_grid():
