@@ -133,6 +133,22 @@ class GroupRule(NamedTuple):
     return self.relation == 'all' or (self.kinds == 1
                                       and self.relation != 'ne')
 
+  def visible_counts(self, i: Array, n: int) -> Array:
+    """Keys among [0, n) that each query of `i` sees, every key valid (for
+    `flash.useful_share`)."""
+    q, size = self.queries, self._key_group()
+    g = lax.div(i, q)
+    ci = i - g * q
+    a, b = {'all': (0, q), 'le': (0, ci + 1), 'lt': (0, ci),
+            'gt': (ci + 1, q), 'ne': (0, q)}[self.relation]
+    count = jnp.zeros_like(i)
+    for kind in range(self.kinds):
+      start = g * size + kind * q
+      count += (jnp.clip(start + b, 0, n) - jnp.clip(start + a, 0, n))
+      if self.relation == 'ne':
+        count -= (start + ci < n).astype(count.dtype)
+    return count
+
   def mask(self, i: Array, j: Array) -> Array:
     q, size = self.queries, self._key_group()
     gi = lax.div(i, q)
@@ -305,6 +321,9 @@ def _flash_attend(q: Array, keys: Keys, t: int, dropout_rate: float = 0.0,
   """Softmax attention of `q` over `keys` (one layout), differentiable;
   once per batch shard inside a mesh (`mesh.batch_parallel`)."""
   nq, dv = q.shape[2], keys.v.shape[3]
+  # The tile fitted to the rule (`flash.fitted_block`).
+  t = flash.fitted_block(keys.rule, None, t, nq, keys.k.shape[2], 0,
+                         rows=q.shape[0] * q.shape[1])
   static = _static(keys, None, t, q.shape[1], dropout_rate)
 
   def local(first_row, q, keys, seed):
@@ -437,10 +456,16 @@ def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
         continue
       window, extra = group[0], group[1] if len(group) > 1 else None
       q = queries[layout]
-      statics.append((_static(window, extra, t, q.shape[1], rate), layout))
+      # Each pass's own tile, fitted to its rules (`flash.fitted_block`).
+      tp = flash.fitted_block(
+          window.rule, extra.rule if extra is not None else None, t,
+          q.shape[2], window.k.shape[2],
+          extra.k.shape[2] if extra is not None else 0,
+          rows=q.shape[0] * q.shape[1])
+      statics.append((_static(window, extra, tp, q.shape[1], rate), layout))
       seeds_used.append(seeds.next() if rate else None)
-      args.append((_pad_rows(q, t), _pad_keys(window, t),
-                   _pad_keys(extra, t)))
+      args.append((_pad_rows(q, tp), _pad_keys(window, tp),
+                   _pad_keys(extra, tp)))
       flags = functools.reduce(jnp.logical_or, [
           _any_key(s, n * m) for s in group])
       if layout == 'cols':

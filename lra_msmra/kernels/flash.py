@@ -1152,8 +1152,10 @@ MIN_PROGRAMS = 2 * 132
 
 
 def _visible_counts(rule, i: Array, n: int) -> Array:
-  """Keys among [0, n) that each query of `i` sees under `rule` (a Window
-  or an Extra), every key valid."""
+  """Keys among [0, n) that each query of `i` sees under `rule` (a Window,
+  an Extra, or a rule with its own `visible_counts`), every key valid."""
+  if hasattr(rule, 'visible_counts'):
+    return rule.visible_counts(i, n)
   if isinstance(rule, Extra) and rule.kind == 'other_group':
     g = lax.div(i, rule.query_group)
     own = (jnp.minimum((g + 1) * rule.key_group, n)

@@ -237,9 +237,11 @@ def recording_flash_calls(calls: list):
   static settings (`flash._Static`, the tile among them), batch x heads,
   and its queries, sequence keys and extra keys before the kernels pad
   them to the tile (as given, where a kernel module calls `flash._flash`
-  itself)."""
+  or `flash._forward` itself: Combiner's joint passes)."""
   public, kernel = flash.flash_attention, flash._flash  # pylint: disable=protected-access
+  forward = flash._forward  # pylint: disable=protected-access
   sizes: list = []
+  inside = [0]
 
   def spy_public(q, k=None, v=None, key_valid=None, **kw):
     extra = kw.get('extra')
@@ -254,12 +256,27 @@ def recording_flash_calls(calls: list):
         q.shape[2], 0 if window_args is None else window_args[0].shape[2],
         0 if extra_args is None else extra_args[0].shape[2])
     calls.append((static, q.shape[0] * q.shape[1], *real))
-    return kernel(static, seed, q, window_args, extra_args)
+    inside[0] += 1
+    try:
+      return kernel(static, seed, q, window_args, extra_args)
+    finally:
+      inside[0] -= 1
+
+  def spy_forward(static, seed, q, window_args, extra_args):
+    # The forward kernels of a pass outside `_flash` (Combiner's joint
+    # softmax over several passes): its padded sizes.
+    if not inside[0]:
+      calls.append((static, q.shape[0] * q.shape[1], q.shape[2],
+                    0 if window_args is None else window_args[0].shape[2],
+                    0 if extra_args is None else extra_args[0].shape[2]))
+    return forward(static, seed, q, window_args, extra_args)
   flash.flash_attention, flash._flash = spy_public, spy_kernel  # pylint: disable=protected-access
+  flash._forward = spy_forward  # pylint: disable=protected-access
   try:
     yield
   finally:
     flash.flash_attention, flash._flash = public, kernel  # pylint: disable=protected-access
+    flash._forward = forward  # pylint: disable=protected-access
 
 
 def visible_of(rule):
