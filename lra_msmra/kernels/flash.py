@@ -38,10 +38,16 @@ Memory and work are those of FlashAttention (Dao et al. 2022): the scores
 exist one tile of `block` queries by `block` keys at a time, in registers or
 VMEM, with an online softmax; only the output and the per-row log-sum-exp
 are written. The backward pass recomputes the tiles from them: one kernel
-for dQ (looping over the keys each query tile sees) and one for dK / dV of
-the sequence keys and of the extra keys (looping over the query tiles that
-see each key tile). The loops visit only the key tiles inside the window,
-so a banded window costs O(N (w + extras)) instead of O(N^2).
+for dQ (looping over the keys each query tile sees; it also computes delta
+= rowsum(dO * O) per query tile) and one for dK / dV of the sequence keys
+and of the extra keys (looping over the query tiles that see each key
+tile). The loops visit only the key tiles inside the window, so a banded
+window costs O(N (w + extras)) instead of O(N^2). Inside a loop, a tile
+whose every (query, key) pair the rule lets through and whose keys are all
+valid (`_full_tiles`, `valid_tiles`) takes a body without the mask
+arithmetic; boundary tiles take the masked one. Exponentials are exp2,
+log2(e) folded into the multiply-add that subtracts the running maximum;
+the log-sum-exp the kernels write is natural.
 
 Platforms: the same kernel body is lowered with Triton on NVIDIA GPUs and
 with Mosaic on TPUs, and runs in Pallas' interpreter on the CPU (where it is

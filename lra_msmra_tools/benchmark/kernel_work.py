@@ -24,15 +24,19 @@ Per case, in one table:
   SMs of an H100 (fewer programs leave SMs idle);
 * matmuls per tile: the most `dot_general`s in one loop body of a kernel,
   forward / backward (FlashAttention-2 does 2 / 5);
-* for the kernels built on `kernels/flash.py` (cst, long_short,
-  combiner_fixed): key tiles visited against key tiles that hold a key some
-  query of the tile sees, and the useful share of computed scores (scores
-  a query may use over the scores the visited tiles compute) of the
+* for the kernels built on `kernels/flash.py` (cst, long_short, every
+  combiner variant): key tiles visited against key tiles that hold a key
+  some query of the tile sees, and the useful share of computed scores
+  (scores a query may use over the scores the visited tiles compute) of the
   sequence keys ('window') and the extra keys ('extra') of each call of the
   layer in its order (cst: local, then global), counted from the
-  call's own window and extra-key rules (`Window.key_range`,
-  `Extra.key_range`) with every key valid.
-  The other kernels' tiles are not counted ('-').
+  call's own window and extra-key rules (`key_range`, `mask`) with every
+  key valid; and per pass, both parts together where a call has both.
+  Calls that pad for themselves (Combiner's) are counted at their padded
+  sizes. The other kernels' tiles are not counted ('-');
+* kernels whose exponentials are all exp2 (of those with any), and flash
+  kernels whose tile loops branch per tile to a body without the mask for
+  interior tiles (of all flash kernels).
 
 `--json` writes the records; `--doc` puts the table between the markers
 of the work-report section of docs/benchmarks.md.
