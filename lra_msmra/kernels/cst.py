@@ -33,16 +33,10 @@ from __future__ import annotations
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 
 from lra_msmra.kernels import flash
 
 Array = jax.Array
-
-
-def _heads_major(x: Array) -> Array:
-  """`[batch, n, heads, d] -> [batch, heads, n, d]` (and back)."""
-  return jnp.swapaxes(x, 1, 2)
 
 
 def local_attention(q: Array, k: Array, v: Array, mask: Array, *,
@@ -63,15 +57,15 @@ def local_attention(q: Array, k: Array, v: Array, mask: Array, *,
     `[batch, slices, L, heads, d]` in `v`'s dtype; zero for a query whose
     slice holds no real key it may see.
   """
-  batch, slices, size, heads, dim = q.shape
-  flat = lambda a: _heads_major(a.reshape(batch, slices * size, heads,
-                                          a.shape[-1]))
+  batch, slices, size, heads, _ = q.shape
+  # The model's layout, read by the kernels as it is ('bnhd').
+  flat = lambda a: a.reshape(batch, slices * size, heads, a.shape[-1])
   out = flash.flash_attention(
       flat(q), flat(k), flat(v), mask.reshape(batch, slices * size),
       window=flash.Window('segment', size=size, causal=causal),
-      dropout_rate=dropout_rate, dropout_seed=dropout_seed)
-  return _heads_major(out).reshape(batch, slices, size, heads,
-                                   v.shape[-1]).astype(v.dtype)
+      dropout_rate=dropout_rate, dropout_seed=dropout_seed, layout='bnhd')
+  return out.reshape(batch, slices, size, heads,
+                     v.shape[-1]).astype(v.dtype)
 
 
 def global_attention(q: Array, k: Array, v: Array, slice_valid: Array, *,
@@ -94,7 +88,6 @@ def global_attention(q: Array, k: Array, v: Array, slice_valid: Array, *,
     no valid slice.
   """
   out = flash.flash_attention(
-      _heads_major(q), _heads_major(k), _heads_major(v), slice_valid,
-      window=flash.Window('full', causal=causal),
-      dropout_rate=dropout_rate, dropout_seed=dropout_seed)
-  return _heads_major(out).astype(v.dtype)
+      q, k, v, slice_valid, window=flash.Window('full', causal=causal),
+      dropout_rate=dropout_rate, dropout_seed=dropout_seed, layout='bnhd')
+  return out.astype(v.dtype)

@@ -233,13 +233,30 @@ class Extra(NamedTuple):
 
 
 class _Static(NamedTuple):
-  """Everything static about one call."""
+  """Everything static about one call. `layout`: of the sequence operands
+  (queries, keys, values, the output and their gradients), 'bhnd' `[batch,
+  heads, n, d]` or 'bnhd' `[batch, n, heads, d]`."""
   window: Optional[Window]
   extra: Optional[Extra]
   block: int
   heads: int = 1
   dropout_rate: float = 0.0
   extra_mass: bool = False
+  layout: str = 'bhnd'
+
+
+LAYOUTS = ('bhnd', 'bnhd')
+
+
+def _dims(x, layout: str) -> tuple[int, int, int, int]:
+  """(batch, heads, n, d) of a sequence operand in `layout`."""
+  b, a, c, d = x.shape
+  return (b, a, c, d) if layout == 'bhnd' else (b, c, a, d)
+
+
+def _seq_shape(batch: int, heads: int, n: int, d: int, layout: str
+               ) -> tuple[int, int, int, int]:
+  return (batch, heads, n, d) if layout == 'bhnd' else (batch, n, heads, d)
 
 
 # Part tags of the keep mask's hash: sequence keys and extra keys.
@@ -815,34 +832,62 @@ class Launch(NamedTuple):
 INTERPRET_TPU_FORM = False
 
 
-def on_every_platform(call, launch: Launch = Launch()):
+def _relaid(fn, relayout):
+  """`fn` (a call in the 'bhnd' layout) as a function of 'bnhd' operands:
+  the flagged arguments and outputs (`relayout` = (argument flags, output
+  flags)) swap their sequence and head axes around it; `fn` itself without
+  `relayout`."""
+  if relayout is None:
+    return fn
+  arg_flags, out_flags = relayout
+  swap = lambda x: jnp.swapaxes(x, 1, 2)
+
+  def run(*args):
+    outs = fn(*[swap(a) if f else a for a, f in zip(args, arg_flags)])
+    single = not isinstance(outs, (list, tuple))
+    swapped = [swap(o) if f else o
+               for o, f in zip([outs] if single else outs, out_flags)]
+    return swapped[0] if single else type(outs)(swapped)
+  return run
+
+
+def on_every_platform(call, launch: Launch = Launch(), relayout=None):
   """`call(compiler_params, interpret)` as one program for every backend:
   Triton on NVIDIA and AMD GPUs, Mosaic on TPUs, Pallas' interpreter on the
   CPU, picked when the program is lowered (`lax.platform_dependent`). Other
   kernel modules dispatch their own `pallas_call`s through it; `launch`
-  holds the settings each compiler gets."""
+  holds the settings each compiler gets.
+
+  With `relayout` (flash's 'bnhd' calls), the TPU form gets its flagged
+  operands in 'bhnd' (`_relaid`): Mosaic's blocks need the sequence and the
+  head width as their last two axes, where Triton and the interpreter read
+  the model's layout through the BlockSpecs."""
   def run(*args):
+    tpu = lambda interpret: _relaid(call(launch.tpu(), interpret), relayout)
     return lax.platform_dependent(
         *args,
-        cpu=lambda *a: (call(launch.tpu(), pltpu.InterpretParams())(*a)
+        cpu=lambda *a: (tpu(pltpu.InterpretParams())(*a)
                         if INTERPRET_TPU_FORM else call(None, True)(*a)),
         cuda=lambda *a: call(launch.triton(), False)(*a),
         rocm=lambda *a: call(launch.triton(), False)(*a),
-        tpu=lambda *a: call(launch.tpu(), False)(*a))
+        tpu=lambda *a: tpu(False)(*a))
   return run
 
 
-def _tile_spec(t: int, d: int, chunks: int = 1):
+def _tile_spec(t: int, d: int, chunks: int = 1, layout: str = 'bhnd'):
   """A tile of `t` rows of one (batch, head): tile x of the grid's last
   axis, or x // chunks where it runs over tiles x chunks."""
-  if chunks == 1:
-    return pl.BlockSpec((None, None, t, d), lambda b, h, x: (b, h, x, 0))
-  return pl.BlockSpec((None, None, t, d),
-                      lambda b, h, x: (b, h, lax.div(x, chunks), 0))
+  tile = (lambda x: x) if chunks == 1 else (lambda x: lax.div(x, chunks))
+  if layout == 'bnhd':
+    return pl.BlockSpec((None, t, None, d),
+                        lambda b, h, x: (b, tile(x), h, 0))
+  return pl.BlockSpec((None, None, t, d), lambda b, h, x: (b, h, tile(x), 0))
 
 
-def _whole_spec(n: int, d: int):
+def _whole_spec(n: int, d: int, layout: str = 'bhnd'):
   """All `n` rows of one (batch, head)."""
+  if layout == 'bnhd':
+    return pl.BlockSpec((None, n, None, d), lambda b, h, x: (b, 0, h, 0))
   return pl.BlockSpec((None, None, n, d), lambda b, h, x: (b, h, 0, 0))
 
 
@@ -894,10 +939,10 @@ class _Whole(NamedTuple):
   tpu_bytes: int  # VMEM of those buffers.
 
   @classmethod
-  def of(cls, arrays, t: int) -> '_Whole':
+  def of(cls, arrays, t: int, layout: str = 'bhnd') -> '_Whole':
     direct, scratch, nbytes = [], [], 0
     for x in arrays:
-      direct.append(_whole_spec(x.shape[2], x.shape[3]))
+      direct.append(_whole_spec(_dims(x, layout)[2], x.shape[3], layout))
       scratch += [pltpu.VMEM((2, t, x.shape[3]), x.dtype),
                   pltpu.SemaphoreType.DMA((2,))]
       nbytes += vmem_bytes((2, t, x.shape[3]), x.dtype, buffers=1)
@@ -924,7 +969,8 @@ def _key_args(static: _Static, window_args, extra_args):
     arrays += [k, v]
     flag_specs.append(_flags_spec(*flags.shape[1:]))
     nbytes += vmem_bytes(flags.shape[1:], flags.dtype)
-  return args, _Whole.of(arrays, static.block), flag_specs, nbytes
+  return (args, _Whole.of(arrays, static.block, static.layout), flag_specs,
+          nbytes)
 
 
 def _key_specs(whole: _Whole, flag_specs: list, params) -> list:
@@ -936,14 +982,26 @@ def _key_specs(whole: _Whole, flag_specs: list, params) -> list:
   return specs
 
 
-def _sizes(q, window_args, extra_args):
-  nk = window_args[0].shape[2] if window_args is not None else 0
-  nm = extra_args[0].shape[2] if extra_args is not None else 0
-  return q.shape[2], nk, nm
+def _sizes(static: _Static, q, window_args, extra_args):
+  n = lambda x: _dims(x, static.layout)[2]
+  nk = n(window_args[0]) if window_args is not None else 0
+  nm = n(extra_args[0]) if extra_args is not None else 0
+  return n(q), nk, nm
 
 
 def _value_dim(window_args, extra_args) -> int:
   return (window_args if window_args is not None else extra_args)[1].shape[3]
+
+
+def _key_flags(static: _Static) -> list:
+  """Which of `_key_args`'s operands are sequence operands (`_relaid`)."""
+  parts = (static.window is not None) + (static.extra is not None)
+  return [True, True, False, False] * parts
+
+
+def _relayout(static: _Static, args: list, outs: list):
+  """`on_every_platform`'s `relayout` of a call in `static.layout`."""
+  return (args, outs) if static.layout == 'bnhd' else None
 
 
 def _seed_args(static: _Static, seed):
@@ -954,9 +1012,15 @@ def _seed_args(static: _Static, seed):
   return [seed], [pl.BlockSpec((1, 2), lambda b, h, x: (0, 0))]
 
 
+def _layout_of(static: _Static, params) -> str:
+  """The layout a call's kernel reads: the static one, but 'bhnd' on TPUs
+  (`_relaid`)."""
+  return 'bhnd' if _is_tpu(params) else static.layout
+
+
 def _forward(static: _Static, seed, q, window_args, extra_args):
-  batch, heads, nq, d = q.shape
-  _, nk, nm = _sizes(q, window_args, extra_args)
+  batch, heads, nq, d = _dims(q, static.layout)
+  _, nk, nm = _sizes(static, q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
   args, whole, flag_specs, flag_bytes = _key_args(static, window_args,
@@ -971,28 +1035,35 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
   def call(params, interpret):
     kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
                                nm=nm, streamed=_is_tpu(params))
+    lay = _layout_of(static, params)
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
-        in_specs=seed_specs + [_tile_spec(t, d)]
+        in_specs=seed_specs + [_tile_spec(t, d, layout=lay)]
         + _key_specs(whole, flag_specs, params),
-        out_specs=[_tile_spec(t, v_dim)] + [_tile_spec(t, 1)] * stats,
-        out_shape=[jax.ShapeDtypeStruct((batch, heads, nq, v_dim), q.dtype)]
+        out_specs=[_tile_spec(t, v_dim, layout=lay)]
+        + [_tile_spec(t, 1)] * stats,
+        out_shape=[jax.ShapeDtypeStruct(
+            _seq_shape(batch, heads, nq, v_dim, lay), q.dtype)]
         + [jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)] * stats,
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
-  return on_every_platform(call, launch)(*seed_args, q, *args)
+  relayout = _relayout(
+      static, [False] * len(seed_args) + [True] + _key_flags(static),
+      [True] + [False] * stats)
+  return on_every_platform(call, launch, relayout)(*seed_args, q, *args)
 
 
 def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
               d_out):
-  batch, heads, nq, d = q.shape
-  _, nk, nm = _sizes(q, window_args, extra_args)
+  batch, heads, nq, d = _dims(q, static.layout)
+  _, nk, nm = _sizes(static, q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
   args, whole, flag_specs, flag_bytes = _key_args(static, window_args,
                                                   extra_args)
   seed_args, seed_specs = _seed_args(static, seed)
+  no_seed = [False] * len(seed_args)
   launch = Launch(
       whole.tpu_bytes + flag_bytes + 2 * vmem_bytes((t, d), q.dtype)
       + 2 * vmem_bytes((t, v_dim), q.dtype)
@@ -1001,23 +1072,30 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   def dq_call(params, interpret):
     kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
                                nm=nm, streamed=_is_tpu(params))
+    lay = _layout_of(static, params)
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
-        in_specs=seed_specs + [_tile_spec(t, d), _tile_spec(t, v_dim),
-                               _tile_spec(t, v_dim), _tile_spec(t, 1)]
+        in_specs=seed_specs + [_tile_spec(t, d, layout=lay),
+                               _tile_spec(t, v_dim, layout=lay),
+                               _tile_spec(t, v_dim, layout=lay),
+                               _tile_spec(t, 1)]
         + _key_specs(whole, flag_specs, params),
-        out_specs=[_tile_spec(t, d), _tile_spec(t, 1)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[_tile_spec(t, d, layout=lay), _tile_spec(t, 1)],
+        out_shape=[jax.ShapeDtypeStruct(
+            _seq_shape(batch, heads, nq, d, lay), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
-  d_q, delta = on_every_platform(dq_call, launch)(*seed_args, q, d_out, out,
-                                                  lse, *args)
+  relayout = _relayout(
+      static, no_seed + [True, True, True, False] + _key_flags(static),
+      [True, False])
+  d_q, delta = on_every_platform(dq_call, launch, relayout)(
+      *seed_args, q, d_out, out, lse, *args)
 
   # The dK / dV kernels read the statistics of each query tile as a row.
   rows = lambda x: x.reshape(batch, heads, nq // t, t)
   lse_rows, delta_rows = rows(lse), rows(delta)
-  queries = _Whole.of([q, d_out], t)
+  queries = _Whole.of([q, d_out], t, static.layout)
   grads = []
   for rule, tag, group in ((static.window, WINDOW_PART, window_args),
                            (static.extra, EXTRA_PART, extra_args)):
@@ -1025,7 +1103,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       grads.append(None)
       continue
     k, v, flags = group
-    n = k.shape[2]
+    n = _dims(k, static.layout)[2]
     columns = flags.reshape(batch, n, 1)
     launch = Launch(
         queries.tpu_bytes + 2 * vmem_bytes((nq // t, t), jnp.float32)
@@ -1040,33 +1118,47 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
                                  tag=tag, nq=nq, streamed=_is_tpu(params),
                                  chunks=chunks, chunk_tiles=chunk_tiles)
+      lay = _layout_of(static, params)
       # Partial sums per chunk in float32, added below.
-      out = lambda a: (jax.ShapeDtypeStruct(a.shape, a.dtype) if chunks == 1
-                       else jax.ShapeDtypeStruct(
-                           (batch, heads, n * chunks, a.shape[3]),
-                           jnp.float32))
+      out = lambda a: jax.ShapeDtypeStruct(
+          _seq_shape(batch, heads, n * chunks, a.shape[3], lay),
+          a.dtype if chunks == 1 else jnp.float32)
       return pl.pallas_call(
           kernel, grid=(batch, heads, (n // t) * chunks),
           in_specs=seed_specs + queries.specs(params) + [
               _rows_spec(nq // t, t), _rows_spec(nq // t, t),
-              _tile_spec(t, k.shape[3], chunks),
-              _tile_spec(t, v.shape[3], chunks), _column_spec(t, chunks),
-              _valid_tiles_spec(n // t, params)],
-          out_specs=[_tile_spec(t, k.shape[3]), _tile_spec(t, v.shape[3])],
+              _tile_spec(t, k.shape[3], chunks, lay),
+              _tile_spec(t, v.shape[3], chunks, lay),
+              _column_spec(t, chunks), _valid_tiles_spec(n // t, params)],
+          out_specs=[_tile_spec(t, k.shape[3], layout=lay),
+                     _tile_spec(t, v.shape[3], layout=lay)],
           out_shape=[out(k), out(v)],
           scratch_shapes=queries.scratch_shapes(params),
           compiler_params=params, interpret=interpret,
           name='flash_window_dkv')
-    d_k, d_v = on_every_platform(dkv_call, launch)(
+    relayout = _relayout(
+        static, no_seed + [True, True, False, False, True, True, False,
+                           False], [True, True])
+    d_k, d_v = on_every_platform(dkv_call, launch, relayout)(
         *seed_args, q, d_out, lse_rows, delta_rows, k, v, columns,
         valid_tiles(flags))
     if chunks > 1:
-      total = lambda g, a: g.reshape(batch, heads, n // t, chunks, t,
-                                     a.shape[3]).sum(3).reshape(
-                                         a.shape).astype(a.dtype)
-      d_k, d_v = total(d_k, k), total(d_v, v)
+      d_k, d_v = (_chunk_total(g, a, chunks, t, static.layout)
+                  for g, a in ((d_k, k), (d_v, v)))
     grads.append((d_k, d_v))
   return d_q, grads[0], grads[1]
+
+
+def _chunk_total(g: Array, a: Array, chunks: int, t: int, layout: str
+                 ) -> Array:
+  """The float32 partial sums `g` (per key tile, `chunks` blocks of `t`
+  rows) added up, as `a` (its shape and dtype)."""
+  batch, heads, n, d = _dims(a, layout)
+  if layout == 'bhnd':
+    g = g.reshape(batch, heads, n // t, chunks, t, d).sum(3)
+  else:
+    g = g.reshape(batch, n // t, chunks, t, heads, d).sum(2)
+  return g.reshape(a.shape).astype(a.dtype)
 
 
 def query_chunks(programs: int, query_tiles: int) -> tuple[int, int]:
@@ -1222,25 +1314,29 @@ def fitted_block(window: Optional[Window], extra: Optional[Extra],
 def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
                      extra: Optional[tuple[Array, Array, Array]], block: int,
                      rules: Optional[tuple[Optional[Window],
-                                           Optional[Extra]]] = None
+                                           Optional[Extra]]] = None,
+                     layout: str = 'bhnd'
                      ) -> tuple[int, Callable[[Array], Array], Any, Any]:
   """The tile t, the padding of queries and keys (to a multiple of t along
   the sequence, to a power of two of at least 16 along the head), and the
   padded (keys, values, flag rows) of the window and of the extra keys
-  (each None when absent). With the call's (window, extra) `rules`, the
-  tile fits them (`fitted_block`); without, it is the largest allowed."""
+  (each None when absent), all in `layout`. With the call's (window,
+  extra) `rules`, the tile fits them (`fitted_block`); without, it is the
+  largest allowed."""
   parts = [p for p in (window, extra) if p is not None]
-  longest = max([q.shape[2]] + [p[0].shape[2] for p in parts])
+  n = lambda a: _dims(a, layout)[2]
+  longest = max([n(q)] + [n(p[0]) for p in parts])
   widths = (tile_size(q.shape[3], 2**30), tile_size(parts[0][1].shape[3],
                                                      2**30))
   t = tile_size(longest, max_block(max(widths), q.dtype, block))
   if rules is not None:
-    t = fitted_block(rules[0], rules[1], t, q.shape[2],
-                     0 if window is None else window[0].shape[2],
-                     0 if extra is None else extra[0].shape[2],
-                     rows=q.shape[0] * q.shape[1])
-  keys = lambda a: _pad(_pad(a, 2, t), 3, widths[0])
-  values = lambda a: _pad(_pad(a, 2, t), 3, widths[1])
+    t = fitted_block(rules[0], rules[1], t, n(q),
+                     0 if window is None else n(window[0]),
+                     0 if extra is None else n(extra[0]),
+                     rows=q.shape[0] * _dims(q, layout)[1])
+  axis = 2 if layout == 'bhnd' else 1
+  keys = lambda a: _pad(_pad(a, axis, t), 3, widths[0])
+  values = lambda a: _pad(_pad(a, axis, t), 3, widths[1])
   padded = lambda p: (None if p is None else
                       (keys(p[0]), values(p[1]), _flags(p[2], t)))
   return t, keys, padded(window), padded(extra)
@@ -1270,10 +1366,12 @@ def flash_attention(q: Array, k: Optional[Array] = None,
                     block: int = DEFAULT_BLOCK,
                     dropout_rate: float = 0.0,
                     dropout_seed: Optional[Array] = None,
-                    return_extra_mass: bool = False) -> Any:
+                    return_extra_mass: bool = False,
+                    layout: str = 'bhnd') -> Any:
   """Softmax attention over a key window and extra keys (module docstring).
 
-  Args:
+  Args (shapes in the default `layout`, 'bhnd'; with 'bnhd' every
+  `[batch, heads, n, d]` below is `[batch, n, heads, d]`):
     q: scaled queries `[batch, heads, nq, d]`.
     k: sequence keys `[batch, heads, nk, d]` (None with `window=None`).
     v: sequence values `[batch, heads, nk, dv]`.
@@ -1292,6 +1390,10 @@ def flash_attention(q: Array, k: Optional[Array] = None,
       mask is `keep_mask(seed, b, h, query, key, part, heads, rate)`.
     return_extra_mass: also return each query's total weight on the extra
       keys before dropout, float32 `[batch, heads, nq]` (no gradient).
+    layout: 'bhnd' or 'bnhd' (the model's own: on GPUs and in the
+      interpreter the kernels read it through their BlockSpecs, with no
+      transpose; on TPUs Mosaic's tiling needs 'bhnd' blocks, and the
+      operands are transposed around the kernels).
 
   Returns:
     `[batch, heads, nq, dv]` in `q`'s dtype (and the extra mass); zero for
@@ -1306,23 +1408,31 @@ def flash_attention(q: Array, k: Optional[Array] = None,
   """
   if window is None and extra is None:
     raise ValueError('flash_attention needs a window, extra keys or both.')
+  if layout not in LAYOUTS:
+    raise ValueError(f'layout={layout!r}; valid: {LAYOUTS}.')
+  batch, heads, nq, _ = _dims(q, layout)
   if window is not None:
     window.check()
-    if window.causal and k.shape[2] != q.shape[2]:
+    nk = _dims(k, layout)[2]
+    if window.causal and nk != nq:
       raise ValueError(f'A causal window needs as many keys as queries, got '
-                       f'{k.shape[2]} and {q.shape[2]}.')
+                       f'{nk} and {nq}.')
   if extra is not None:
     extra_rule.check()
   t, keys, window_args, extra_args = _padded_operands(
       q, (k, v, key_valid) if window is not None else None, extra, block,
-      rules=(window, extra_rule if extra is not None else None))
+      rules=(window, extra_rule if extra is not None else None),
+      layout=layout)
   v_dim = (v if window is not None else extra[1]).shape[3]
   seed = _dropout_seed(dropout_rate, dropout_seed)
-  nq = q.shape[2]
   mass = bool(return_extra_mass and extra is not None)
   static = _Static(window, extra_rule if extra is not None else None, t,
-                   heads=q.shape[1], dropout_rate=float(dropout_rate),
-                   extra_mass=mass)
+                   heads=heads, dropout_rate=float(dropout_rate),
+                   extra_mass=mass, layout=layout)
+  if layout == 'bhnd':
+    cut = lambda o: o[:, :, :nq, :v_dim]
+  else:
+    cut = lambda o: o[:, :nq, :, :v_dim]
 
   def local(first_row, q, window_args, extra_args, seed):
     operand = None
@@ -1332,12 +1442,11 @@ def flash_attention(q: Array, k: Optional[Array] = None,
   out = mesh_lib.batch_parallel(local, (keys(q), window_args, extra_args),
                                 (seed,))
   if not return_extra_mass:
-    return out[:, :, :nq, :v_dim]
+    return cut(out)
   if not mass:  # No extra keys: no weight on them.
-    return out[:, :, :nq, :v_dim], jnp.zeros(q.shape[:3], jnp.float32)
+    return cut(out), jnp.zeros((batch, heads, nq), jnp.float32)
   out, weight = out
-  return (out[:, :, :nq, :v_dim],
-          lax.stop_gradient(weight[:, :, :nq, 0]))
+  return cut(out), lax.stop_gradient(weight[:, :, :nq, 0])
 
 
 def reference(q: Array, k: Optional[Array] = None, v: Optional[Array] = None,

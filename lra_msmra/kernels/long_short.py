@@ -150,27 +150,22 @@ def attend(q: Array, landmarks: Optional[tuple[Array, Array, Array]],
   if geometry.causal and rule is not None and length % geometry.chunk_size:
     raise ValueError(f'length {length} is not a multiple of chunk_size='
                      f'{geometry.chunk_size}.')
-  # The kernel is heads-major: one (batch, head) is a contiguous matrix.
-  heads_major = lambda a: a.transpose(0, 2, 1, 3)
-  q = heads_major(q)
+  # The kernels read the model's layout as it is ('bnhd').
   k = v = key_mask = extra = None
   if window is not None:
     k, v, key_mask = window
-    k, v = heads_major(k), heads_major(v)
   if landmarks is not None:
-    k_bar, v_bar, flags = landmarks
-    extra = (heads_major(k_bar), heads_major(v_bar), flags)
+    extra = landmarks
   call = functools.partial(flash.flash_attention, window=win,
                            extra_rule=rule or flash.Extra(),
-                           block=block or BLOCK)
+                           block=block or BLOCK, layout='bnhd')
   with_mass = long_range_mass and landmarks is not None
   out = call(q, k, v, key_mask, extra=extra, dropout_rate=dropout_rate,
              dropout_seed=dropout_seed, return_extra_mass=with_mass)
   mass = None
   if with_mass:
     out, weight = out
-  real = query_mask[:, None, :, None]
-  out = jnp.where(real, out, jnp.zeros((), out.dtype))
+  out = jnp.where(query_mask[:, :, None, None], out, jnp.zeros((), out.dtype))
   if with_mass:
-    mass = jnp.where(real[..., 0], weight, 0.0)
-  return heads_major(out), mass
+    mass = jnp.where(query_mask[:, None, :], weight, 0.0)
+  return out, mass

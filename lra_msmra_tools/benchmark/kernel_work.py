@@ -224,11 +224,21 @@ def kernels_of(jaxpr) -> list[dict[str, Any]]:
   return out
 
 
-def glue_of(jaxpr) -> dict[str, int]:
+def glue_of(jaxpr, parameter_shapes: frozenset = frozenset()
+            ) -> dict[str, int]:
+  """XLA_GLUE ops of the program outside the kernels. A transpose of an
+  array shaped as a parameter (up to the order of its axes: the
+  projections' weight gradients, laid out as their weights) is not glue
+  around the kernels; those are counted apart, as 'parameter_transpose'."""
   counts = {p: 0 for p in XLA_GLUE}
+  counts['parameter_transpose'] = 0
   for eqn in _eqns(jaxpr):
-    if eqn.primitive.name in counts:
-      counts[eqn.primitive.name] += 1
+    name = eqn.primitive.name
+    if name == 'transpose' and tuple(sorted(
+        eqn.invars[0].aval.shape)) in parameter_shapes:
+      counts['parameter_transpose'] += 1
+    elif name in counts:
+      counts[name] += 1
   return counts
 
 
@@ -249,17 +259,19 @@ def recording_flash_calls(calls: list):
 
   def spy_public(q, k=None, v=None, key_valid=None, **kw):
     extra = kw.get('extra')
-    sizes.append((q.shape[2], 0 if k is None or kw.get('window', 1) is None
-                  else k.shape[2], 0 if extra is None else extra[0].shape[2]))
+    n = lambda a: flash._dims(a, kw.get('layout', 'bhnd'))[2]  # pylint: disable=protected-access
+    sizes.append((n(q), 0 if k is None or kw.get('window', 1) is None
+                  else n(k), 0 if extra is None else n(extra[0])))
     return public(q, k, v, key_valid, **kw)
 
   def spy_kernel(static, seed, q, window_args, extra_args):
     # A kernel module that pads for itself (combiner's axial passes) calls
     # `_flash` directly: its padded sizes.
+    n = lambda a: flash._dims(a, static.layout)[2]  # pylint: disable=protected-access
     real = sizes.pop(0) if sizes else (
-        q.shape[2], 0 if window_args is None else window_args[0].shape[2],
-        0 if extra_args is None else extra_args[0].shape[2])
-    calls.append((static, q.shape[0] * q.shape[1], *real))
+        n(q), 0 if window_args is None else n(window_args[0]),
+        0 if extra_args is None else n(extra_args[0]))
+    calls.append((static, q.shape[0] * static.heads, *real))
     inside[0] += 1
     try:
       return kernel(static, seed, q, window_args, extra_args)
@@ -270,9 +282,10 @@ def recording_flash_calls(calls: list):
     # The forward kernels of a pass outside `_flash` (Combiner's joint
     # softmax over several passes): its padded sizes.
     if not inside[0]:
-      calls.append((static, q.shape[0] * q.shape[1], q.shape[2],
-                    0 if window_args is None else window_args[0].shape[2],
-                    0 if extra_args is None else extra_args[0].shape[2]))
+      n = lambda a: flash._dims(a, static.layout)[2]  # pylint: disable=protected-access
+      calls.append((static, q.shape[0] * static.heads, n(q),
+                    0 if window_args is None else n(window_args[0]),
+                    0 if extra_args is None else n(extra_args[0])))
     return forward(static, seed, q, window_args, extra_args)
   flash.flash_attention, flash._flash = spy_public, spy_kernel  # pylint: disable=protected-access
   flash._forward = spy_forward  # pylint: disable=protected-access
@@ -369,12 +382,14 @@ def measure(c: Case) -> dict[str, Any]:
                                                         mask).jaxpr
   fwd_kernels, all_kernels = kernels_of(fwd), kernels_of(both)
   bwd_kernels = all_kernels[len(fwd_kernels):]
-  glue = glue_of(both)
+  glue = glue_of(both, frozenset(
+      tuple(sorted(leaf.shape)) for leaf in jax.tree.leaves(params)))
   record = dataclasses.asdict(c)
   record.pop('knobs')
   record.update(
       kernels_forward=len(fwd_kernels), kernels_backward=len(bwd_kernels),
-      glue=glue, glue_total=sum(glue.values()),
+      glue=glue, glue_total=sum(n for op, n in glue.items()
+                                if op in XLA_GLUE),
       min_programs=min(k['programs'] for k in all_kernels),
       smallest_grid=min(all_kernels, key=lambda k: k['programs'])['name'],
       dots_forward=max(k['dots'] for k in fwd_kernels),

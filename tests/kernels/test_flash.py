@@ -442,3 +442,102 @@ def test_tpu_form_equals_reference_with_gradients(tpu_form, cid, window,
   want = jax.grad(loss(ref), argnums)(*args)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+def _bnhd(kernel):
+  """`kernel` called in the 'bnhd' layout, as a function of 'bhnd'
+  operands and output (the swaps are outside the kernels)."""
+  swap = lambda a: jnp.swapaxes(a, 1, 2)
+
+  def f(q, k, v, kx, vx, **kw):
+    return swap(kernel(swap(q), swap(k), swap(v), swap(kx), swap(vx),
+                       layout='bnhd', **kw))
+  return f
+
+
+def _bnhd_functions(window, rule):
+  q, k, v, valid, kx, vx, x_valid = _inputs()
+  del q, k, v, kx, vx
+
+  def kernel(q, k, v, kx, vx, **kw):
+    return flash.flash_attention(
+        q, k if window else None, v if window else None,
+        valid if window else None, window=window,
+        extra=(kx, vx, x_valid) if rule else None, extra_rule=rule or E(),
+        block=BLOCK, **kw)
+  return _bnhd(kernel), _functions(window, rule)[1]
+
+
+@pytest.mark.parametrize('form', ['interpreter', 'tpu'])
+@pytest.mark.parametrize('cid,window,rule', [CASES[4], CASES[5], CASES[6],
+                                             CASES[7], CASES[8]],
+                         ids=[CASES[i][0] for i in (4, 5, 6, 7, 8)])
+def test_model_layout_equals_reference_with_gradients(monkeypatch, form, cid,
+                                                      window, rule):
+  """'bnhd' operands ([batch, n, heads, d], the model's layout) read
+  through the BlockSpecs (transposed around the kernels in the TPU form),
+  with dropout and the dK / dV passes split over query chunks."""
+  del cid
+  if form == 'tpu':
+    monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', True)
+  q, k, v, _, kx, vx, _ = _inputs()
+  kernel, ref = _bnhd_functions(window, rule)
+  assert flash.query_chunks(BATCH * HEADS, -(-LENGTH // BLOCK))[0] > 1
+  drop = dict(dropout_rate=0.25, dropout_seed=jnp.int32(5))
+  args = (q, k, v, kx, vx)
+  out = jax.jit(lambda *a: kernel(*a, **drop))(*args)
+  np.testing.assert_allclose(out, ref(*args, **drop), rtol=1e-5, atol=1e-5)
+  cot = jax.random.normal(jax.random.PRNGKey(1), out.shape)
+  argnums = tuple(i for i, used in enumerate(
+      (True, window is not None, window is not None, rule is not None,
+       rule is not None)) if used)
+  loss = lambda f: lambda *a: jnp.sum(f(*a, **drop) * cot)
+  got = jax.jit(jax.grad(loss(kernel), argnums))(*args)
+  want = jax.grad(loss(ref), argnums)(*args)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
+def test_model_layout_extra_mass_and_bad_layout():
+  q, k, v, valid, kx, vx, x_valid = _inputs()
+  swap = lambda a: jnp.swapaxes(a, 1, 2)
+  window = W('segment', size=8, left=4, right=4)
+  kw = dict(window=window, extra=(kx, vx, x_valid), block=BLOCK,
+            return_extra_mass=True)
+  out, mass = flash.flash_attention(q, k, v, valid, **kw)
+  out2, mass2 = flash.flash_attention(
+      swap(q), swap(k), swap(v), valid, window=window,
+      extra=(swap(kx), swap(vx), x_valid), block=BLOCK,
+      return_extra_mass=True, layout='bnhd')
+  assert out2.shape == (BATCH, LENGTH, HEADS, DIM)
+  assert mass2.shape == (BATCH, HEADS, LENGTH)
+  np.testing.assert_allclose(swap(out2), out, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(mass2, mass, rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="layout='nhbd'"):
+    flash.flash_attention(q, k, v, valid, layout='nhbd')
+
+
+@pytest.mark.parametrize('platform', ['cuda', 'tpu'])
+def test_model_layout_lowers_without_transposes_on_gpu(platform):
+  """On GPUs the 'bnhd' kernels read the model's layout: no transpose in
+  the program; on TPUs the operands are transposed around them."""
+  batch, heads, length, dim = 2, 4, 256, 32
+  window = W('segment', size=8)
+
+  def grads(q, k, v, valid):
+    def loss(q, k, v):
+      return jnp.sum(flash.flash_attention(
+          q, k, v, valid, window=window, layout='bnhd').astype(jnp.float32))
+    return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+  s = jax.ShapeDtypeStruct((batch, length, heads, dim), jnp.bfloat16)
+  args = (s, s, s, jax.ShapeDtypeStruct((batch, length), bool))
+  exported = jax.export.export(
+      jax.jit(grads), platforms=(platform,),
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+          '__gpu$xla.gpu.triton')])(*args)
+  text = exported.mlir_module()
+  marker = '__gpu$xla.gpu.triton' if platform == 'cuda' else 'tpu_custom_call'
+  assert text.count(marker) >= 3, text.count(marker)
+  transposes = text.count('stablehlo.transpose')
+  assert (transposes == 0) if platform == 'cuda' else (transposes > 0)
