@@ -224,25 +224,33 @@ def kernels_of(jaxpr) -> list[dict[str, Any]]:
   return out
 
 
-def glue_of(jaxpr, parameter_shapes: frozenset = frozenset()
-            ) -> dict[str, int]:
-  """XLA_GLUE ops of the program outside the kernels. A transpose of an
-  array shaped as a parameter (up to the order of its axes: the
-  projections' weight gradients, laid out as their weights) is not glue
-  around the kernels; those are counted apart, as 'parameter_transpose'."""
+def glue_of(jaxpr, min_elements: int = 0) -> dict[str, int]:
+  """XLA_GLUE ops of the program outside the kernels. Transposes, pads and
+  gathers count where their operand is activation-sized (at least
+  `min_elements`: a head's width per token of the batch); those of smaller
+  arrays (the projections' weight gradients laid out as their weights,
+  masks, per-token statistics) are counted apart, as 'small'. Scans count
+  at any size (their cost is their serial steps)."""
   counts = {p: 0 for p in XLA_GLUE}
-  counts['parameter_transpose'] = 0
+  counts['small'] = 0
   for eqn in _eqns(jaxpr):
     name = eqn.primitive.name
-    if name == 'transpose' and tuple(sorted(
-        eqn.invars[0].aval.shape)) in parameter_shapes:
-      counts['parameter_transpose'] += 1
-    elif name in counts:
+    if name not in XLA_GLUE:
+      continue
+    if (name in ('transpose', 'pad', 'gather')
+        and int(np.prod(eqn.invars[0].aval.shape)) < min_elements):
+      counts['small'] += 1
+    else:
       counts[name] += 1
   return counts
 
 
 # ------------------------------------------------------------ flash tiles
+
+
+def _length(x, layout: str) -> int:
+  """The sequence length of a flash operand in `layout`."""
+  return x.shape[2] if layout == 'bhnd' else x.shape[1]
 
 
 @contextlib.contextmanager
@@ -259,7 +267,7 @@ def recording_flash_calls(calls: list):
 
   def spy_public(q, k=None, v=None, key_valid=None, **kw):
     extra = kw.get('extra')
-    n = lambda a: flash._dims(a, kw.get('layout', 'bhnd'))[2]  # pylint: disable=protected-access
+    n = lambda a: _length(a, kw.get('layout', 'bhnd'))
     sizes.append((n(q), 0 if k is None or kw.get('window', 1) is None
                   else n(k), 0 if extra is None else n(extra[0])))
     return public(q, k, v, key_valid, **kw)
@@ -267,7 +275,7 @@ def recording_flash_calls(calls: list):
   def spy_kernel(static, seed, q, window_args, extra_args):
     # A kernel module that pads for itself (combiner's axial passes) calls
     # `_flash` directly: its padded sizes.
-    n = lambda a: flash._dims(a, static.layout)[2]  # pylint: disable=protected-access
+    n = lambda a: _length(a, getattr(static, 'layout', 'bhnd'))
     real = sizes.pop(0) if sizes else (
         n(q), 0 if window_args is None else n(window_args[0]),
         0 if extra_args is None else n(extra_args[0]))
@@ -282,7 +290,7 @@ def recording_flash_calls(calls: list):
     # The forward kernels of a pass outside `_flash` (Combiner's joint
     # softmax over several passes): its padded sizes.
     if not inside[0]:
-      n = lambda a: flash._dims(a, static.layout)[2]  # pylint: disable=protected-access
+      n = lambda a: _length(a, getattr(static, 'layout', 'bhnd'))
       calls.append((static, q.shape[0] * static.heads, n(q),
                     0 if window_args is None else n(window_args[0]),
                     0 if extra_args is None else n(extra_args[0])))
@@ -382,8 +390,7 @@ def measure(c: Case) -> dict[str, Any]:
                                                         mask).jaxpr
   fwd_kernels, all_kernels = kernels_of(fwd), kernels_of(both)
   bwd_kernels = all_kernels[len(fwd_kernels):]
-  glue = glue_of(both, frozenset(
-      tuple(sorted(leaf.shape)) for leaf in jax.tree.leaves(params)))
+  glue = glue_of(both, c.batch * c.length * c.head_dim)
   record = dataclasses.asdict(c)
   record.pop('knobs')
   record.update(

@@ -48,9 +48,10 @@ def test_a_cst_layer_reports_its_kernels_grid_and_shares():
   assert r['flash']['tiles_visited'] == r['flash']['tiles_needed']
   # Grids are (batch, heads, tiles): the global pass's 2 query tiles.
   assert r['min_programs'] == 2 * 2 * 2
-  # cst reads the model's layout: no transpose around its kernels; the
-  # projections' weight gradients are transposed as their weights are.
-  assert r['glue']['transpose'] == 0 and r['glue']['parameter_transpose'] > 0
+  # cst reads the model's layout: no transpose of activations around its
+  # kernels; the projections' weight gradients are transposed as their
+  # weights are (small arrays, counted apart).
+  assert r['glue']['transpose'] == 0 and r['glue']['small'] > 0
   assert r['glue_total'] == sum(r['glue'][op] for op in kernel_work.XLA_GLUE)
   # exp2 everywhere; every flash kernel splits interior tiles off.
   assert r['exp2_kernels'] == r['exp_kernels'] == 6
