@@ -581,51 +581,49 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   """
   batch, length = real.shape
   blocks = -(-length // block_size)
-  padded = blocks * block_size
   seeds = Seeds(dropout_seed if dropout_rate else None)
-  hq, hk, hv = _heads_major(q), _heads_major(k), _heads_major(v)
 
-  def split(x):  # [B, H, N, d] -> [B, H, blocks, s, d]
-    x = jnp.pad(x, [(0, 0), (0, 0), (0, padded - length), (0, 0)])
-    return x.reshape(*x.shape[:2], blocks, block_size, x.shape[-1])
+  # The model's layout throughout: [B, N, H, d] (flash reads it as it is).
+  def split(x):  # [B, N, H, d] -> [B, blocks, s, H, d]
+    x = flash._pad(x, 1, block_size)
+    return x.reshape(x.shape[0], blocks, block_size, *x.shape[2:])
 
-  member = jnp.pad(real, [(0, 0), (0, padded - length)]).reshape(
-      batch, 1, blocks, block_size)
-  q_span, _ = combiner_spans.masked_pool(
-      split(hq if pq is q else _heads_major(pq)), member[..., None], axis=3,
-      kind=pool)
-  k_span, has = combiner_spans.masked_pool(
-      split(hk if pk is k else _heads_major(pk)), member[..., None], axis=3,
-      kind=pool)
+  member = flash._pad(real, 1, block_size).reshape(batch, blocks,
+                                                   block_size, 1)
+  q_span, _ = combiner_spans.masked_pool(split(pq), member[..., None],
+                                         axis=2, kind=pool)
+  k_span, has = combiner_spans.masked_pool(split(pk), member[..., None],
+                                           axis=2, kind=pool)
   # Each block's local expectation with its pooled query: one query per
   # block, so a multiply-reduce (O(N d)), not a batch of 1-row matmuls.
-  kb, vb = split(hk), split(hv)
-  logits = jnp.sum(q_span[:, :, :, None, :].astype(jnp.float32)
-                   * kb.astype(jnp.float32), axis=-1)
-  w = safe_softmax.safe_softmax(logits, member)
-  w = _drop(w, dropout_rate, seeds.next(),
-            jnp.arange(blocks)[:, None], jnp.arange(block_size)[None, :])
+  kb, vb = split(k), split(v)
+  logits = jnp.sum(q_span[:, :, None].astype(jnp.float32)
+                   * kb.astype(jnp.float32), axis=-1)  # [B, blocks, s, H]
+  w = safe_softmax.safe_softmax(logits, member, axis=2)
+  if dropout_rate:  # flash's keep mask over [B, H, blocks, s].
+    w = jnp.moveaxis(_drop(jnp.moveaxis(w, 3, 1), dropout_rate, seeds.next(),
+                           jnp.arange(blocks)[:, None],
+                           jnp.arange(block_size)[None, :]), 1, 3)
   span_values = jnp.sum(w[..., None] * vb.astype(jnp.float32),
-                        axis=3).astype(v.dtype)
+                        axis=2).astype(v.dtype)  # [B, blocks, H, d]
   rule = flash.Extra('earlier_group' if causal else 'other_group',
                      key_group=1, query_group=block_size)
-  has = has[:, 0, :, 0]
+  has = has[:, :, 0, 0]
+  t = tile(length, (q.shape[3], v.shape[3]), q.dtype, block)
   if not dropout_rate:
-    out = flash.flash_attention(
-        hq, hk, hv, real, window=flash.Window('segment', size=block_size,
-                                              causal=causal),
-        extra=(k_span, span_values, has), extra_rule=rule,
-        block=tile(length, (hq.shape[3], hv.shape[3]), hq.dtype, block))
-  else:
-    # Direct keys drop after the joint softmax, summaries do not: two calls
-    # under one softmax.
-    direct = Keys(hk, hv, real, GroupRule(block_size, 1,
-                                          'le' if causal else 'all'))
-    spans = Keys(k_span, span_values, has, rule, direct=False)
-    out = _joint({'rows': hq}, {'rows': [direct, spans]}, 1, length,
-                 tile(length, (hq.shape[3], hv.shape[3]), hq.dtype, block),
-                 dropout_rate, seeds)
-  return _heads_major(out)
+    return flash.flash_attention(
+        q, k, v, real, window=flash.Window('segment', size=block_size,
+                                           causal=causal),
+        extra=(k_span, span_values, has), extra_rule=rule, block=t,
+        layout='bnhd')
+  # Direct keys drop after the joint softmax, summaries do not: two calls
+  # under one softmax (`_joint`, heads-major).
+  hm = _heads_major
+  direct = Keys(hm(k), hm(v), real, GroupRule(block_size, 1,
+                                              'le' if causal else 'all'))
+  spans = Keys(hm(k_span), hm(span_values), has, rule, direct=False)
+  return hm(_joint({'rows': hm(q)}, {'rows': [direct, spans]}, 1, length, t,
+                   dropout_rate, seeds))
 
 
 # -- Combiner-Axial ----------------------------------------------------------
