@@ -347,6 +347,22 @@ def _is_full(full_range: tuple[Array, Array], tile: Array,
   return (tile >= full_range[0]) & (tile < full_range[1]) & (tile_valid > 0)
 
 
+def _has_interior(rule) -> bool:
+  return getattr(rule, 'intervals', lambda: False)()
+
+
+def _per_tile(rule, full_range: tuple[Array, Array], tile: Array,
+              tile_valid: Array, body, *operands):
+  """`body(*operands, masked=...)` for one tile: unmasked for an interior
+  tile (`_is_full`), masked for the others; for a rule without interior
+  tiles, only the masked body (no branch)."""
+  if not _has_interior(rule):
+    return body(*operands, masked=True)
+  return lax.cond(_is_full(full_range, tile, tile_valid),
+                  functools.partial(body, masked=False),
+                  functools.partial(body, masked=True), *operands)
+
+
 def _parts(static: _Static, refs: list, nk: int, nm: int) -> list:
   """(rule, keys, part tag, k_ref, v_ref, flags_ref, full_ref) per key
   part, taken from the front of `refs`."""
@@ -489,15 +505,13 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
       p = jnp.exp2(s * LOG2E - m_new)
       return (jnp.where(ok, p, 0.0) if masked else p), m_new
 
-    def body(tile, kv, carry, tag=tag, weights=weights, full=full,
-             full_ref=full_ref):
+    def body(tile, kv, carry, rule=rule, tag=tag, weights=weights,
+             full=full, full_ref=full_ref):
       acc, m, l, lx = carry
       k, v = kv
       # Interior tiles skip the mask arithmetic.
-      p, m_new = lax.cond(_is_full(full, tile, full_ref[0, tile]),
-                          functools.partial(weights, masked=False),
-                          functools.partial(weights, masked=True),
-                          tile, dot(q, k, 1, 1), m)
+      p, m_new = _per_tile(rule, full, tile, full_ref[0, tile], weights,
+                           tile, dot(q, k, 1, 1), m)
       scale = jnp.exp2(m - m_new)
       # The normaliser counts every weight; dropout acts on the weights.
       row_sum = jnp.sum(p, axis=1, keepdims=True)
@@ -557,13 +571,11 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
                       _iota((t, t), 1, tile * t))
       return jnp.where(ok, p, 0.0)
 
-    def body(tile, kv, dq, tag=tag, weights=weights, full=full,
+    def body(tile, kv, dq, rule=rule, tag=tag, weights=weights, full=full,
              full_ref=full_ref):
       k, v = kv
-      p = lax.cond(_is_full(full, tile, full_ref[0, tile]),
-                   functools.partial(weights, masked=False),
-                   functools.partial(weights, masked=True),
-                   tile, dot(q, k, 1, 1))
+      p = _per_tile(rule, full, tile, full_ref[0, tile], weights, tile,
+                    dot(q, k, 1, 1))
       d_p = _dropper(static, stream, tag, q_ids,
                      _iota((1, t), 1, tile * t))(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
@@ -617,10 +629,8 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
   def body(tile, q_do, carry):
     dk, dv = carry
     q, do = q_do
-    p = lax.cond(_is_full(full, tile, key_tile_valid),
-                 functools.partial(weights, masked=False),
-                 functools.partial(weights, masked=True),
-                 tile, dot(k, q, 1, 1))
+    p = _per_tile(rule, full, tile, key_tile_valid, weights, tile,
+                  dot(k, q, 1, 1))
     drop = _dropper(static, stream, tag, _iota((1, t), 1, tile * t),
                     k_ids)
     dv = dv + dot(drop(p).astype(do.dtype), do, 1, 0)
