@@ -427,8 +427,12 @@ def tpu_form(monkeypatch):
 def test_tpu_form_equals_reference_with_gradients(tpu_form, cid, window,
                                                   rule):
   del tpu_form, cid
+  _check_with_dropout_and_gradients(*_functions(window, rule), window, rule)
+
+
+def _check_with_dropout_and_gradients(kernel, ref, window, rule):
+  """`kernel` equals `ref` with attention dropout, output and gradients."""
   q, k, v, _, kx, vx, _ = _inputs()
-  kernel, ref = _functions(window, rule)
   drop = dict(dropout_rate=0.25, dropout_seed=jnp.int32(5))
   args = (q, k, v, kx, vx)
   out = jax.jit(lambda *a: kernel(*a, **drop))(*args)
@@ -455,19 +459,6 @@ def _bnhd(kernel):
   return f
 
 
-def _bnhd_functions(window, rule):
-  q, k, v, valid, kx, vx, x_valid = _inputs()
-  del q, k, v, kx, vx
-
-  def kernel(q, k, v, kx, vx, **kw):
-    return flash.flash_attention(
-        q, k if window else None, v if window else None,
-        valid if window else None, window=window,
-        extra=(kx, vx, x_valid) if rule else None, extra_rule=rule or E(),
-        block=BLOCK, **kw)
-  return _bnhd(kernel), _functions(window, rule)[1]
-
-
 @pytest.mark.parametrize('form', ['interpreter', 'tpu'])
 @pytest.mark.parametrize('cid,window,rule', [CASES[4], CASES[5], CASES[6],
                                              CASES[7], CASES[8]],
@@ -480,22 +471,9 @@ def test_model_layout_equals_reference_with_gradients(monkeypatch, form, cid,
   del cid
   if form == 'tpu':
     monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', True)
-  q, k, v, _, kx, vx, _ = _inputs()
-  kernel, ref = _bnhd_functions(window, rule)
   assert flash.query_chunks(BATCH * HEADS, -(-LENGTH // BLOCK))[0] > 1
-  drop = dict(dropout_rate=0.25, dropout_seed=jnp.int32(5))
-  args = (q, k, v, kx, vx)
-  out = jax.jit(lambda *a: kernel(*a, **drop))(*args)
-  np.testing.assert_allclose(out, ref(*args, **drop), rtol=1e-5, atol=1e-5)
-  cot = jax.random.normal(jax.random.PRNGKey(1), out.shape)
-  argnums = tuple(i for i, used in enumerate(
-      (True, window is not None, window is not None, rule is not None,
-       rule is not None)) if used)
-  loss = lambda f: lambda *a: jnp.sum(f(*a, **drop) * cot)
-  got = jax.jit(jax.grad(loss(kernel), argnums))(*args)
-  want = jax.grad(loss(ref), argnums)(*args)
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+  kernel, ref = _functions(window, rule)
+  _check_with_dropout_and_gradients(_bnhd(kernel), ref, window, rule)
 
 
 def test_model_layout_extra_mass_and_bad_layout():
