@@ -53,10 +53,12 @@ the 'xla' implementation's `jax.random` bits.
 Inside a data mesh every kernel call runs once per batch shard
 (`mesh.batch_parallel`), as flash's public function does.
 
-Layout costs: the grid is put heads-major once, and the column-major pass
-needs a transposed copy of q, k, v and, in its backward pass, of the
-output and its cotangent: O(N d) copies next to the kernels' O(N (n + m) d)
-work.
+Layout costs: Fixed without dropout works in the model's layout `[B, N,
+H, d]` throughout (flash reads it through its BlockSpecs, `layout='bnhd'`);
+with dropout its joint softmax is heads-major. For Axial and Mixture the
+grid is put heads-major once, and the column-major pass needs a transposed
+copy of q, k, v and, in its backward pass, of the output and its
+cotangent: O(N d) copies next to the kernels' O(N (n + m) d) work.
 
 Until `flash` exposes a joint softmax over several calls (its log-sum-exp as
 a differentiable output) and mask rules beyond its `Window` / `Extra`, this
