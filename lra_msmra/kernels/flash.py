@@ -332,7 +332,7 @@ def _full_tiles(rule, a0: Array, a1: Array, n: int, block: int,
   that each position's visible set is exactly its `key_range` /
   `query_range`, with ends that never decrease with the position; empty
   for any other rule (every tile then takes the masked path)."""
-  if not getattr(rule, 'intervals', lambda: False)():
+  if not _has_interior(rule):
     return jnp.int32(0), jnp.int32(0)
   span = rule.query_range if queries else rule.key_range
   lo, hi = span(a1, a1, n)[0], span(a0, a0, n)[1]
@@ -348,6 +348,7 @@ def _is_full(full_range: tuple[Array, Array], tile: Array,
 
 
 def _has_interior(rule) -> bool:
+  """Whether `rule` can have interior tiles (its `intervals()`)."""
   return getattr(rule, 'intervals', lambda: False)()
 
 
