@@ -97,9 +97,16 @@ def _variant(label: str) -> tuple[str, dict[str, Any]]:
 
 def compile_case(case: Case) -> dict[str, Any]:
   """Compiles one case in this process; its record (status, seconds,
-  error). Needs `targets.prepare_environment()` before JAX is imported."""
+  error). Needs `targets.prepare_environment()` before JAX is imported.
+
+  The compilers run with their optimizations, as a user's program does,
+  even where the environment turns most of them off
+  (`JAX_DISABLE_MOST_OPTIMIZATIONS`, which the test suite sets for speed):
+  a kernel's registers and spills are those of the optimised machine code
+  (unoptimised, ptxas spills where the real build does not)."""
   targets_lib.prepare_environment()
   import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update('jax_disable_most_optimizations', False)
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
