@@ -616,6 +616,7 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
   # The query tiles that see every key of this tile, if all are valid.
   full = _full_tiles(rule, j0, j0 + t - 1, nq, t, queries=True)
   key_tile_valid = full_ref[0, key_tile]
+  j = _iota((t, t), 0, j0)
   # The dropout hash's key column: its key round alone is per entry.
   k_ids = _iota((t, 1), 0, j0)
 
@@ -623,8 +624,7 @@ def _dkv_kernel(*refs, static: _Static, rule, tag: int, nq: int,
     p = jnp.exp2(s * LOG2E - lse_ref[pl.ds(tile, 1), :] * LOG2E)
     if not masked:  # An interior tile: no mask arithmetic.
       return p
-    ok = _tile_mask(rule, valid, _iota((t, t), 1, tile * t),
-                    _iota((t, t), 0, j0))
+    ok = _tile_mask(rule, valid, _iota((t, t), 1, tile * t), j)
     return jnp.where(ok, p, 0.0)
 
   def body(tile, q_do, carry):
