@@ -608,7 +608,12 @@ class CombinerAttention(base.Attention):
                deterministic: bool, probe: Optional[str]) -> Array:
     real = base.default_padding_mask(x, padding_mask)
     _, head_dim, out_features = self.head_dims(x)
-    batch, length = real.shape
+    length = real.shape[1]
+    width = self._width(length)
+    if probe is None:  # Padded once for the whole layer (kernel tiles).
+      x, real = base.pad_to_length(x, real,
+                                   self.kernel('length')(x, width))
+    batch = real.shape[0]
     # Zero padded inputs: then no term can read a padded token's content.
     x = jnp.where(real[..., None], x, 0).astype(self.dtype)
     q, k, v = self.project_qkv(x, scale_query=True)
@@ -632,16 +637,39 @@ class CombinerAttention(base.Attention):
     combine = (self.kernel('combine') if probe is None else
                functools.partial(self.KERNELS['xla']['combine'], self))
     out = combine(x, q, k, v, values, pq, pk, real, deterministic,
-                  abstraction.split('-')[-1], probe)
+                  abstraction.split('-')[-1], probe, width)
     out = out * real[:, :, None, None].astype(out.dtype)
     if probe is not None:
       return jnp.transpose(out, (0, 2, 1, 3)).astype(jnp.float32)
-    return self.output_projection(out_features)(out)
+    return self.output_projection(out_features)(out)[:, :length]
+
+  def _width(self, length: int) -> int:
+    """Fixed's block size s, or axial's and mixture's row length m, for
+    an input of `length` (before any padding)."""
+    if self.variant == 'fixed':
+      return self.block_size or default_block_size(length)
+    return self.row_length or default_block_size(length)
+
+  def _length_xla(self, x: Array, width: int) -> int:
+    """The padded length: the input's (the grid pads what it needs)."""
+    del width
+    return x.shape[1]
+
+  def _length_pallas(self, x: Array, width: int) -> int:
+    """The padded length: Combiner-Fixed's, whole blocks and whole tiles
+    of its kernel call (`lra_msmra.kernels.combiner.fixed_length`); the
+    axial variants' grids pad for themselves."""
+    if self.variant != 'fixed':
+      return x.shape[1]
+    return fused.fixed_length(
+        x.shape[1], block_size=width, causal=self.causal,
+        rows=x.shape[0] * self.num_heads, head_dim=self.head_dims(x)[1],
+        dtype=self.dtype)
 
   def _combine_xla(self, x: Array, q: Array, k: Array, v: Array,
                    values: Array, pq: Array, pk: Array, real: Array,
-                   deterministic: bool, pool: str, probe: Optional[str]
-                   ) -> Array:
+                   deterministic: bool, pool: str, probe: Optional[str],
+                   width: int) -> Array:
     """Every variant's terms under their softmaxes, in jax.numpy.
 
     Args:
@@ -653,6 +681,8 @@ class CombinerAttention(base.Attention):
       deterministic: disables attention dropout.
       pool: 'max' or 'mean'.
       probe: None, or `effective_attention`'s probe.
+      width: fixed's block size, axial's and mixture's row length
+        (`_width`).
 
     Returns:
       `[batch, length, heads, dv]`, not zeroed at padded queries.
@@ -665,12 +695,9 @@ class CombinerAttention(base.Attention):
     if self.variant == 'logsparse':
       out = _joint(_logsparse_terms(q, k, values, pq, pk, real, ctx), ctx)
     else:
-      if self.variant == 'fixed':
-        offset, width = 0, self.block_size or default_block_size(length)
-      else:
-        offset = self.num_prefix_tokens
-        width = self.row_length or default_block_size(length)
-        offset = (-offset) % width
+      offset = 0
+      if self.variant != 'fixed':
+        offset = (-self.num_prefix_tokens) % width
       grid = lambda a: _to_grid(a, offset, width)
       # One grid copy per distinct array: pq, pk and values are often q, k
       # and v themselves.
@@ -718,19 +745,15 @@ class CombinerAttention(base.Attention):
 
   def _combine_pallas(self, x: Array, q: Array, k: Array, v: Array,
                       values: Array, pq: Array, pk: Array, real: Array,
-                      deterministic: bool, pool: str, probe: Optional[str]
-                      ) -> Array:
+                      deterministic: bool, pool: str, probe: Optional[str],
+                      width: int) -> Array:
     """`_combine_xla` of fixed, axial and mixture as Pallas kernels
     (`lra_msmra.kernels.combiner`); `values` is v and `probe` None."""
     del values, probe
-    length = real.shape[1]
     drop = flash.layer_dropout(self, deterministic)
     if self.variant == 'fixed':
-      return fused.fixed(q, k, v, pq, pk, real,
-                         block_size=self.block_size or default_block_size(
-                             length),
+      return fused.fixed(q, k, v, pq, pk, real, block_size=width,
                          causal=self.causal, pool=pool, **drop)
-    width = self.row_length or default_block_size(length)
     offset = (-self.num_prefix_tokens) % width
     summary_key = None
     if self._plan() == 'rowmajor':
@@ -743,5 +766,6 @@ class CombinerAttention(base.Attention):
                        mixture_mode=self.mixture_mode or 'average', **drop)
 
   # The kernel switch (`base.Attention.KERNELS`).
-  KERNELS = {'xla': {'combine': _combine_xla},
-             'pallas': {'combine': _combine_pallas}}
+  KERNELS = {'xla': {'combine': _combine_xla, 'length': _length_xla},
+             'pallas': {'combine': _combine_pallas,
+                        'length': _length_pallas}}

@@ -264,9 +264,13 @@ class CompositeSliceAttention(base.Attention):
     _, head_dim, out_features = self.head_dims(x)
     batch, length, features = x.shape
     size = self.slice_length
-    x, mask, _ = base.pad_to_multiple(x, padding_mask, size)
+    # Padded once for the whole layer: to whole slices, and for the
+    # kernels to their tiles too, so that no call pads again.
+    x, mask = base.pad_to_length(x, padding_mask,
+                                 self.kernel('length')(x))
     slices = x.shape[1] // size
-    pos_local, pos_global = self._positions(shared, slices)
+    pos_local, pos_global = self._positions(shared, slices,
+                                            -(-length // size))
 
     xs = x.astype(self.dtype).reshape(batch, slices, size, features)
     ms = mask.reshape(batch, slices, size)
@@ -317,13 +321,16 @@ class CompositeSliceAttention(base.Attention):
 
   # -- pieces -----------------------------------------------------------------
 
-  def _positions(self, shared: Optional[Mapping[str, Array]], slices: int
+  def _positions(self, shared: Optional[Mapping[str, Array]], slices: int,
+                 real_slices: int
                  ) -> tuple[Optional[Array], Optional[Array]]:
     """Returns the MS-VIPE tables (local, global[:slices]), or Nones.
 
     The tables come from `shared_module` of the same settings
     (`lra_msmra.attention.Mechanism`), so their shapes fit the layer; only
-    the input can be too long for the slice-level table.
+    the input can be too long for the slice-level table. Of the `slices`,
+    those from `real_slices` on hold padding only (the kernels' tiles):
+    beyond the table they take zero rows, which no output depends on.
     """
     if self.position_embedding == 'none':
       if shared is not None:
@@ -340,11 +347,13 @@ class CompositeSliceAttention(base.Attention):
           "attention_kw.position_embedding='none' and model.pos_emb="
           "'learned'.")
     local, global_ = shared['local'], shared['global']
-    if global_.shape[0] < slices:
+    if global_.shape[0] < real_slices:
       raise ValueError(
-          f'The input needs {slices} slice positions but the MS-VIPE '
+          f'The input needs {real_slices} slice positions but the MS-VIPE '
           f'slice-level table has {global_.shape[0]} rows; build it with '
-          'max_len >= the (padded) input length.')
+          'max_len >= the input length.')
+    if global_.shape[0] < slices:
+      global_ = jnp.pad(global_, [(0, slices - global_.shape[0]), (0, 0)])
     return local.astype(self.dtype), global_[:slices].astype(self.dtype)
 
   def _projections(self, head_dim: int, features: int, prefix: str
@@ -508,9 +517,24 @@ class CompositeSliceAttention(base.Attention):
         q, k, v, slice_valid, causal=self.causal,
         **flash.layer_dropout(self, deterministic))
 
+  def _length_xla(self, x: Array) -> int:
+    """The padded length: whole slices."""
+    return -(-x.shape[1] // self.slice_length) * self.slice_length
+
+  def _length_pallas(self, x: Array) -> int:
+    """The padded length: whole slices and whole tiles of both kernel
+    calls (`lra_msmra.kernels.cst.padded_length`)."""
+    return cst_kernels.padded_length(
+        x.shape[1], slice_length=self.slice_length,
+        rows=x.shape[0] * self.num_heads, head_dim=self.head_dims(x)[1],
+        dtype=self.dtype, causal=self.causal,
+        with_global=self.composition != 'local_only')
+
   # The kernel switch (`base.Attention.KERNELS`).
-  KERNELS = {'xla': {'local': _local_xla, 'global': _global_xla},
-             'pallas': {'local': _local_pallas, 'global': _global_pallas}}
+  KERNELS = {'xla': {'local': _local_xla, 'global': _global_xla,
+                     'length': _length_xla},
+             'pallas': {'local': _local_pallas, 'global': _global_pallas,
+                        'length': _length_pallas}}
 
   def _sow_diagnostics(self, y_local: Array, y_global: Array, ms: Array
                        ) -> None:

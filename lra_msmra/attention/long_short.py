@@ -455,7 +455,9 @@ class LongShortAttention(base.Attention):
     # like the official autoregressive evaluation, which pads to lcm(l, w)).
     multiple = math.lcm(max(w, 1), chunk if self.causal and r else 1)
     length = x.shape[1]
-    x, padding_mask, _ = base.pad_to_multiple(x, padding_mask, multiple)
+    # Padded once for the whole layer (the kernel: to its tile too).
+    x, padding_mask = base.pad_to_length(
+        x, padding_mask, self.kernel('length')(x, multiple, chunk))
     x = x.astype(self.dtype)
     q, k, v = self.project_qkv(x, scale_query=True)
     ln_local = self._dual_ln('ln_local')
@@ -550,9 +552,25 @@ class LongShortAttention(base.Attention):
                         long_range_mass=with_mass,
                         **flash.layer_dropout(self, deterministic))
 
+  def _length_xla(self, x: Array, multiple: int, chunk: int) -> int:
+    """The padded length: whole segments (causal: and chunks)."""
+    del chunk
+    return -(-x.shape[1] // multiple) * multiple
+
+  def _length_pallas(self, x: Array, multiple: int, chunk: int) -> int:
+    """The padded length: whole segments and chunks, and whole tiles of
+    the kernel call (`lra_msmra.kernels.long_short.padded_length`)."""
+    return fused.padded_length(
+        x.shape[1], multiple,
+        fused.Geometry(self.window_size, self.num_landmarks, self.causal,
+                       chunk),
+        rows=x.shape[0] * self.num_heads, head_dim=self.head_dims(x)[1],
+        dtype=self.dtype)
+
   # The kernel switch (`base.Attention.KERNELS`).
-  KERNELS = {'xla': {'core': _core_xla}, fused.IMPLEMENTATION: {
-      'core': _core_pallas}}
+  KERNELS = {'xla': {'core': _core_xla, 'length': _length_xla},
+             fused.IMPLEMENTATION: {'core': _core_pallas,
+                                    'length': _length_pallas}}
 
   # -- bidirectional --------------------------------------------------------
 

@@ -560,6 +560,32 @@ def _drop(w: Array, rate: float, seed: Optional[Array], *index: Array
   return jnp.where(keep, w / (1.0 - rate), 0.0)
 
 
+def _fixed_rules(block_size: int, causal: bool
+                 ) -> tuple[flash.Window, flash.Extra]:
+  """Combiner-Fixed's rules: its own block directly, the other (LM:
+  earlier) blocks through their summaries."""
+  return (flash.Window('segment', size=block_size, causal=causal),
+          flash.Extra('earlier_group' if causal else 'other_group',
+                      key_group=1, query_group=block_size))
+
+
+def fixed_length(length: int, *, block_size: int, causal: bool, rows: int,
+                 head_dim: int, dtype, block: Optional[int] = None) -> int:
+  """The length a layer pads its input to, once, so that `fixed` pads
+  nothing without dropout: a multiple of the block size s and of the
+  call's tile (`flash.aligned_length`); `rows` = batch x heads, `head_dim`
+  the queries' and values' width, `dtype` the queries'. (With dropout the
+  direct and summary keys take `_joint`'s heads-major passes, which pad
+  to their own tiles.)"""
+  rules = _fixed_rules(block_size, causal)
+
+  def tiles(n: int) -> list[int]:
+    return [flash.call_tile(
+        n, n, n // block_size, rules=rules, rows=rows, width=head_dim,
+        dtype=dtype, block=tile(n, (head_dim,), dtype, block))]
+  return flash.aligned_length(length, block_size, tiles)
+
+
 def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
           block_size: int, causal: bool, pool: str,
           dropout_rate: float = 0.0, dropout_seed: Optional[Array] = None,
@@ -608,16 +634,13 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
                            jnp.arange(block_size)[None, :]), 1, 3)
   span_values = jnp.sum(w[..., None] * vb.astype(jnp.float32),
                         axis=2).astype(v.dtype)  # [B, blocks, H, d]
-  rule = flash.Extra('earlier_group' if causal else 'other_group',
-                     key_group=1, query_group=block_size)
+  window, rule = _fixed_rules(block_size, causal)
   has = has[:, :, 0, 0]
   t = tile(length, (q.shape[3], v.shape[3]), q.dtype, block)
   if not dropout_rate:
     return flash.flash_attention(
-        q, k, v, real, window=flash.Window('segment', size=block_size,
-                                           causal=causal),
-        extra=(k_span, span_values, has), extra_rule=rule, block=t,
-        layout='bnhd')
+        q, k, v, real, window=window, extra=(k_span, span_values, has),
+        extra_rule=rule, block=t, layout='bnhd')
   # Direct keys drop after the joint softmax, summaries do not: two calls
   # under one softmax (`_joint`, heads-major).
   hm = _heads_major

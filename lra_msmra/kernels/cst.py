@@ -91,3 +91,35 @@ def global_attention(q: Array, k: Array, v: Array, slice_valid: Array, *,
       q, k, v, slice_valid, window=flash.Window('full', causal=causal),
       dropout_rate=dropout_rate, dropout_seed=dropout_seed, layout='bnhd')
   return out.astype(v.dtype)
+
+
+def padded_length(length: int, *, slice_length: int, rows: int,
+                  head_dim: int, dtype, causal: bool, with_global: bool
+                  ) -> int:
+  """The length a layer pads its input to, once, so that neither kernel
+  call pads again: a multiple of the slice, of the local call's tile, and
+  of the slice times the global call's tile (`flash.aligned_length`).
+
+  Args:
+    length: the input's length.
+    slice_length: L.
+    rows: batch x heads.
+    head_dim: the queries' and values' width.
+    dtype: the queries' dtype.
+    causal: the causal form.
+    with_global: the layer has the global attention (every composition
+      but 'local_only').
+  """
+  def tiles(n: int) -> list[int]:
+    call = lambda nq, window: flash.call_tile(
+        nq, nq, rules=(window, None), rows=rows, width=head_dim,
+        dtype=dtype)
+    out = [call(n, flash.Window('segment', size=slice_length,
+                                causal=causal))]
+    if with_global:
+      slices = n // slice_length
+      out.append(slice_length * call(slices, flash.Window('full',
+                                                          causal=causal)))
+    return out
+  return flash.aligned_length(length, slice_length, tiles)
+

@@ -87,8 +87,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 from jax import lax
@@ -1322,6 +1323,41 @@ def fitted_block(window: Optional[Window], extra: Optional[Extra],
   return useful[-1] if useful else best
 
 
+def call_tile(nq: int, nk: int = 0, nm: int = 0, *,
+              rules: Optional[tuple[Optional[Window], Optional[Extra]]],
+              rows: int, width: int, dtype: Any,
+              block: int = DEFAULT_BLOCK) -> int:
+  """The tile of a `flash_attention` call of `nq` queries, `nk` sequence
+  keys and `nm` extra keys (0 when absent) under `rules` (window, extra
+  rule; None: no fitting), `rows` = batch x heads, heads `width` wide (the
+  widest of queries and values) in `dtype`, at most `block`: the largest
+  allowed tile (`max_block`), fitted to the rules (`fitted_block`)."""
+  t = tile_size(max(nq, nk, nm), max_block(tile_size(width, 2**30), dtype,
+                                           block))
+  if rules is None:
+    return t
+  return fitted_block(rules[0], rules[1], t, nq, nk, nm, rows=rows)
+
+
+def aligned_length(length: int, multiple: int,
+                   tiles: Callable[[int], Sequence[int]]) -> int:
+  """The least length from `length` up that is a multiple of `multiple`
+  and of every tile that a layer's calls take at that length (`tiles`:
+  padded length -> the multiples its calls need, e.g. `call_tile` of each,
+  times the positions per query of a call over pooled positions), so that
+  a layer padded to it once pads no call again.
+
+  The multiple only grows, within the least common multiple of `multiple`
+  and the largest tiles, so this ends after a few rounds."""
+  needed = multiple
+  while True:
+    padded = -(-length // needed) * needed
+    more = math.lcm(needed, *tiles(padded))
+    if more == needed:
+      return padded
+    needed = more
+
+
 def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
                      extra: Optional[tuple[Array, Array, Array]], block: int,
                      rules: Optional[tuple[Optional[Window],
@@ -1336,15 +1372,12 @@ def _padded_operands(q: Array, window: Optional[tuple[Array, Array, Array]],
   largest allowed."""
   parts = [p for p in (window, extra) if p is not None]
   n = lambda a: _dims(a, layout)[2]
-  longest = max([n(q)] + [n(p[0]) for p in parts])
   widths = (tile_size(q.shape[3], 2**30), tile_size(parts[0][1].shape[3],
                                                      2**30))
-  t = tile_size(longest, max_block(max(widths), q.dtype, block))
-  if rules is not None:
-    t = fitted_block(rules[0], rules[1], t, n(q),
-                     0 if window is None else n(window[0]),
-                     0 if extra is None else n(extra[0]),
-                     rows=q.shape[0] * _dims(q, layout)[1])
+  t = call_tile(n(q), 0 if window is None else n(window[0]),
+                0 if extra is None else n(extra[0]),
+                rules=rules, rows=q.shape[0] * _dims(q, layout)[1],
+                width=max(widths), dtype=q.dtype, block=block)
   axis = 2 if layout == 'bhnd' else 1
   keys = lambda a: _pad(_pad(a, axis, t), 3, widths[0])
   values = lambda a: _pad(_pad(a, axis, t), 3, widths[1])

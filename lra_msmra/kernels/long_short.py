@@ -103,6 +103,27 @@ def landmark_flags(padding_mask: Array, geometry: Geometry) -> Array:
   return jnp.repeat(jnp.any(chunks, -1), r, axis=1)
 
 
+def padded_length(length: int, multiple: int, geometry: Geometry, *,
+                  rows: int, head_dim: int, dtype,
+                  block: Optional[int] = None) -> int:
+  """The length a layer pads its input to, once, so that `attend` pads
+  nothing: a multiple of `multiple` (the layer's segments and chunks) and
+  of the call's tile (`flash.aligned_length`); `rows` = batch x heads,
+  `head_dim` the queries' and values' width, `dtype` the queries'."""
+  rule = geometry.extra_rule()
+
+  def tiles(n: int) -> list[int]:
+    landmarks = 0
+    if rule is not None:
+      landmarks = geometry.num_landmarks * (
+          n // geometry.chunk_size if geometry.causal else 1)
+    return [flash.call_tile(
+        n, n if geometry.window_size else 0, landmarks,
+        rules=(geometry.window(), rule), rows=rows, width=head_dim,
+        dtype=dtype, block=block or BLOCK)]
+  return flash.aligned_length(length, multiple, tiles)
+
+
 # -- the attention core ------------------------------------------------------
 
 

@@ -19,7 +19,8 @@ Per case, in one table:
 * kernels per layer, forward and backward (`pallas_call`s);
 * XLA transposes, pads and gathers outside the kernels (plus cumulative
   sums and maxima, which XLA lowers as scans), forward and backward
-  together;
+  together; pads that only remove elements (the gradient of a pad: a
+  slice) apart, as crops;
 * programs per grid: the smallest grid of any kernel, against 2 x the 132
   SMs of an H100 (fewer programs leave SMs idle);
 * matmuls per tile: the most `dot_general`s in one loop body of a kernel,
@@ -229,10 +230,12 @@ def glue_of(jaxpr, min_elements: int = 0) -> dict[str, int]:
   gathers count where their operand is activation-sized (at least
   `min_elements`: a head's width per token of the batch); those of smaller
   arrays (the projections' weight gradients laid out as their weights,
-  masks, per-token statistics) are counted apart, as 'small'. Scans count
-  at any size (their cost is their serial steps)."""
+  masks, per-token statistics) are counted apart, as 'small'. A pad that
+  only removes elements (the gradient of a pad) is a slice, counted apart
+  as 'crop'. Scans count at any size (their cost is their serial
+  steps)."""
   counts = {p: 0 for p in XLA_GLUE}
-  counts['small'] = 0
+  counts['small'] = counts['crop'] = 0
   for eqn in _eqns(jaxpr):
     name = eqn.primitive.name
     if name not in XLA_GLUE:
@@ -240,9 +243,18 @@ def glue_of(jaxpr, min_elements: int = 0) -> dict[str, int]:
     if (name in ('transpose', 'pad', 'gather')
         and int(np.prod(eqn.invars[0].aval.shape)) < min_elements):
       counts['small'] += 1
+    elif name == 'pad' and _crops(eqn):
+      counts['crop'] += 1
     else:
       counts[name] += 1
   return counts
+
+
+def _crops(eqn) -> bool:
+  """A pad that only removes elements (negative low and high padding, no
+  interior): a slice, as JAX writes the gradient of a pad."""
+  return all(lo <= 0 and hi <= 0 and not interior
+             for lo, hi, interior in eqn.params['padding_config'])
 
 
 # ------------------------------------------------------------ flash tiles
@@ -435,6 +447,9 @@ def table(records: Sequence[dict[str, Any]]) -> str:
     g = r['glue']
     glue = (f'{r["glue_total"]} ({g["transpose"]}, {g["pad"]}, '
             f'{g["gather"]}, {g["cumsum"] + g["cummax"]})')
+    if g.get('crop'):
+      glue += f'; crops {g["crop"]}'
+
     programs = r['min_programs']
     mark = '' if programs >= 2 * H100_SMS else ' ✗'
     f = r['flash']

@@ -1,5 +1,7 @@
 """The kernel work report counts what the kernels compute."""
 
+import pytest
+
 from lra_msmra.kernels import flash
 from lra_msmra_tools.benchmark import kernel_work
 
@@ -56,6 +58,22 @@ def test_a_cst_layer_reports_its_kernels_grid_and_shares():
   # exp2 everywhere; every flash kernel splits interior tiles off.
   assert r['exp2_kernels'] == r['exp_kernels'] == 6
   assert r['split_kernels'] == r['flash_kernels'] == 6
+
+
+@pytest.mark.parametrize('variant,knobs', [
+    ('cst', {'slice_length': 8}),
+    ('long_short', {'window_size': 8, 'num_landmarks': 8}),
+    ('combiner_fixed', {'variant': 'fixed', 'block_size': 8}),
+])
+def test_a_layer_pads_its_length_once(variant, knobs):
+  # 195 tokens: 25 slices or blocks of 8, a multiple of no tile. The
+  # layer pads its input once, for every kernel call's tile, and no call
+  # pads again; the gradient crops that pad and pads the cropped output's
+  # cotangent.
+  case = kernel_work.Case(variant=variant, task='listops', length=195,
+                          heads=2, head_dim=32, batch=2, knobs=knobs)
+  r = kernel_work.measure(case)
+  assert r['glue']['pad'] == 2 and r['glue']['crop'] == 1
 
 
 def test_the_table_marks_small_grids():

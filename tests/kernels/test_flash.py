@@ -347,6 +347,28 @@ def test_bad_arguments_are_named():
                           window=W('full', causal=True))
 
 
+def test_aligned_length_pads_for_every_call_at_once():
+  # A multiple of 8 and of the one call's tile of 16.
+  assert flash.aligned_length(37, 8, lambda n: [16]) == 48
+  assert flash.aligned_length(48, 8, lambda n: [16]) == 48
+  # Tiles that grow with the length: the length is aligned to the tiles
+  # the calls take at the padded length.
+  tiles = lambda n: [16] if n < 100 else [16, 64]
+  assert flash.aligned_length(90, 1, tiles) == 96
+  assert flash.aligned_length(120, 1, tiles) == 128
+  # A call over pooled positions (e.g. slices of 8 in tiles of 16).
+  assert flash.aligned_length(130, 8, lambda n: [16, 8 * 16]) == 256
+
+
+def test_call_tile_is_the_tile_a_call_takes():
+  window = flash.Window('segment', size=8)
+  q = jnp.zeros((2, 3, 200, 32), jnp.bfloat16)
+  t, *_ = flash._padded_operands(q, (q, q, jnp.ones((2, 200), bool)), None,
+                                 flash.DEFAULT_BLOCK, rules=(window, None))
+  assert t == flash.call_tile(200, 200, rules=(window, None), rows=6,
+                              width=32, dtype=jnp.bfloat16)
+
+
 def test_tile_sizes():
   assert flash.tile_size(5) == 16
   assert flash.tile_size(40) == 64

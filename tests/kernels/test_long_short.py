@@ -269,7 +269,12 @@ def test_layer_equals_xla_with_gradients(cid, knobs):
   assert 'probs' in inter_xla and 'probs' not in inter
   assert sorted(inter) == sorted(k for k in inter_xla if k != 'probs')
   for name in inter:
-    np.testing.assert_array_equal(inter[name][0], inter_xla[name][0])
+    # The kernel's layer pads further (to its tile): the padded positions
+    # beyond the reference's are padding; reductions over the longer
+    # padded axis round differently.
+    want_sown = inter_xla[name][0]
+    got_sown = inter[name][0][tuple(slice(0, n) for n in want_sown.shape)]
+    np.testing.assert_allclose(got_sown, want_sown, rtol=1e-6, atol=1e-6)
   assert sown.get('metrics', {}).keys() == sown_xla.get('metrics', {}).keys()
   for name, value in sown.get('metrics', {}).items():
     np.testing.assert_allclose(value[0], sown_xla['metrics'][name][0],
