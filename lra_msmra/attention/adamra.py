@@ -431,13 +431,18 @@ class AdaMRAAttention(base.Attention):
                          0.0, gate)
     return _tap_gate_gradient(y, unrouted, tuple(terms), self.epsilon)
 
-  def _landmark_dropout(self, phi_k: Array, deterministic: bool) -> Array:
-    """Drops landmarks `[batch, m, S]`, shared by all queries."""
+  def _landmark_dropout(self, phi_k: Array, deterministic: bool,
+                        drawn: int) -> Array:
+    """Drops landmarks `[batch, m, S]`, shared by all queries; the mask is
+    drawn for the first `drawn` segments (those beyond hold padding only,
+    their features zero)."""
     if deterministic or self.dropout_rate == 0.0:
       return phi_k
     keep = 1.0 - self.dropout_rate
+    batch, m, subheads = phi_k.shape[:3]
     mask = jax.random.bernoulli(self.make_rng('dropout'), keep,
-                                phi_k.shape[:3])
+                                (batch, drawn, subheads))
+    mask = jnp.pad(mask, [(0, 0), (0, m - drawn), (0, 0)])
     return jnp.where(mask[..., None], phi_k / keep, 0.0)
 
   def _query_side_xla(self, q: Array, choice: Array, gate: Array,
@@ -499,9 +504,22 @@ class AdaMRAAttention(base.Attention):
         epsilon=self.epsilon,
         all_gate_gradients=self.router_gate == 'straight_through')
 
+  def _length_xla(self, x: Array, multiple: int) -> int:
+    """The padded length: whole segments of every head."""
+    return -(-x.shape[1] // multiple) * multiple
+
+  def _length_pallas(self, x: Array, multiple: int) -> int:
+    """The padded length: whole segments and whole query tiles
+    (`lra_msmra.kernels.adamra.padded_length`)."""
+    return routed_kernels.padded_length(
+        x.shape[1], multiple, head_dim=self.head_dims(x).head_dim,
+        dtype=self.dtype)
+
   # The kernel switch (`base.Attention.KERNELS`).
-  KERNELS = {'xla': {'query_side': _query_side_xla},
-             'pallas': {'query_side': _query_side_pallas}}
+  KERNELS = {'xla': {'query_side': _query_side_xla,
+                     'length': _length_xla},
+             'pallas': {'query_side': _query_side_pallas,
+                        'length': _length_pallas}}
 
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
@@ -512,8 +530,15 @@ class AdaMRAAttention(base.Attention):
     """
     qkv, head_dim, out_features = self.head_dims(x)
     lengths = segment_lengths(self.compression_rates)
-    x, mask, length = base.pad_to_multiple(x, padding_mask,
-                                           math.lcm(*lengths))
+    multiple = math.lcm(*lengths)
+    length = x.shape[1]
+    # Padded once for the whole layer: to whole segments of every head,
+    # and for the kernels to their query tile too.
+    x, mask = base.pad_to_length(x, padding_mask,
+                                 self.kernel('length')(x, multiple))
+    # Landmark dropout draws for the segments of whole segments only, so
+    # that both implementations drop the same landmarks.
+    drawn = -(-length // multiple) * multiple
     x = x.astype(self.dtype)
     batch, padded_len = x.shape[:2]
 
@@ -547,7 +572,8 @@ class AdaMRAAttention(base.Attention):
       phi_k = jnp.where(valid[:, :, None, None], phi_k, 0.0)
       v_h = jnp.where(valid[:, :, None, None], v_h, 0)
       z.append(jnp.sum(phi_k, axis=1))  # [b, S, d]
-      phi_k_num = self._landmark_dropout(phi_k, deterministic)
+      phi_k_num = self._landmark_dropout(phi_k, deterministic,
+                                         drawn // seg_len)
       kv.append(jnp.einsum('bmsk,bmsv->bskv', phi_k_num,
                            v_h.astype(jnp.float32)))  # [b, S, d, d]
 

@@ -520,6 +520,24 @@ def _chunk_tiles(tiles: int) -> int:
              if tiles % c == 0)
 
 
+def tile(n: int, d: int, dtype, block: int = DEFAULT_BLOCK) -> int:
+  """The query tile of `routed_attention` for `n` queries of subheads `d`
+  wide in `dtype`: `flash.tile_size` within `flash.max_block`, wide heads
+  (padded to 128 and more) at most WIDE_HEAD_BLOCK."""
+  dp = _width(d)
+  return flash.tile_size(n, flash.max_block(
+      dp, dtype, block if dp < 128 else min(block, WIDE_HEAD_BLOCK)))
+
+
+def padded_length(length: int, multiple: int, *, head_dim: int, dtype,
+                  block: int = DEFAULT_BLOCK) -> int:
+  """The length a layer pads its input to, once, so that
+  `routed_attention` pads nothing: a multiple of `multiple` (the layer's
+  segments) and of the query tile (`flash.aligned_length`)."""
+  return flash.aligned_length(
+      length, multiple, lambda n: [tile(n, head_dim, dtype, block)])
+
+
 def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
                      gate: Array, *, weight: Optional[Array] = None,
                      bias: Optional[Array] = None,
@@ -557,8 +575,7 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
   batch, n = choice.shape
   heads, subheads, d = kv.shape[1], kv.shape[2], kv.shape[3]
   dp = _width(d)
-  t = flash.tile_size(n, flash.max_block(
-      dp, q.dtype, block if dp < 128 else min(block, WIDE_HEAD_BLOCK)))
+  t = tile(n, d, q.dtype, block)
   n_pad = -(-n // t) * t
   if stacked:
     f = q.shape[2]

@@ -64,6 +64,7 @@ def test_a_cst_layer_reports_its_kernels_grid_and_shares():
     ('cst', {'slice_length': 8}),
     ('long_short', {'window_size': 8, 'num_landmarks': 8}),
     ('combiner_fixed', {'variant': 'fixed', 'block_size': 8}),
+    ('adamra', {'compression_rates': (1, 1 / 4)}),
 ])
 def test_a_layer_pads_its_length_once(variant, knobs):
   # 195 tokens: 25 slices or blocks of 8, a multiple of no tile. The

@@ -40,6 +40,10 @@ CASES = [
                                 segment_means='unmasked',
                                 router_gate='straight_through',
                                 compression_rates=(1, 1 / 4)), 0.0),
+    # Segments of 1 and 4: the kernel's layer pads 40 tokens to its tile
+    # (64), beyond the reference's 40; the same landmarks drop.
+    ('single-quarter-dropout', dict(projections='single',
+                                    compression_rates=(1, 1 / 4)), 0.3),
     ('stacked-st-elu-bias', dict(projections='stacked',
                                  router_gate='straight_through',
                                  feature_map='elu_plus_one', use_bias=True),
