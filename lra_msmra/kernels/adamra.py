@@ -34,13 +34,16 @@ head; with `all_gate_gradients` (the straight-through router) every head's
 share <y_h, dy> is returned, unrouted heads included, as
 `adamra._tap_gate_gradient` does.
 
-The queries are read in the heads-major layout `[batch, S, N, d]` (stacked:
-the first-stage `[batch, N, F]`), per-query values as columns `[N, 1]`; head
-dims below 16 or not powers of two are zero-padded (Triton's products need
-16), which changes nothing: padded features meet zero rows of KV and z. The
-kernels run on every platform through `flash.on_every_platform` (Triton on
-NVIDIA GPUs, Mosaic on TPUs, the interpreter on the CPU). `reference` is
-the same function in plain XLA.
+The subhead queries, outputs and their cotangents are read and written in
+the model's layout `[batch, N, S, d]` through the BlockSpecs (stacked: the
+first-stage queries `[batch, N, F]`); the TPU form, whose blocks need the
+sequence and the width as their last two axes, gets them heads-major
+`[batch, S, N, d]`, transposed around its kernels. Per-query values are
+columns `[N, 1]`; head dims below 16 or not powers of two are zero-padded
+(Triton's products need 16), which changes nothing: padded features meet
+zero rows of KV and z. The kernels run on every platform through
+`flash.on_every_platform` (Triton on NVIDIA GPUs, Mosaic on TPUs, the
+interpreter on the CPU). `reference` is the same function in plain XLA.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ class _Static(NamedTuple):
   has_bias: bool
   all_gate_gradients: bool
   chunk: int  # query tiles per program of the summary-gradient kernel
+  # The per-subhead arrays' layout: 'bnhd' (`[batch, n, S, d]`, the
+  # model's) read through the BlockSpecs, transposed to 'bhnd' around the
+  # TPU form (`flash.on_every_platform`), or 'bhnd'.
+  layout: str = 'bnhd'
 
 
 # -- the kernel bodies -------------------------------------------------------
@@ -124,6 +131,20 @@ def _project(q_ref, w_ref, b_ref, h: int, s: int, dtype) -> Array:
   return pre
 
 
+def _sub(ref, s, lay: str):
+  """Subhead s's `[t, d]` rows of a per-subhead block: `[S, t, d]` in
+  'bhnd', `[t, S, d]` in 'bnhd' (the model's layout)."""
+  return ref[s] if lay == 'bhnd' else ref[:, s, :]
+
+
+def _set_sub(ref, s, lay: str, value: Array) -> None:
+  """Writes subhead s's `[t, d]` rows of a per-subhead block."""
+  if lay == 'bhnd':
+    ref[s] = value
+  else:
+    ref[:, s, :] = value
+
+
 def _routed_gate(choice: Array, gate_ref, heads: int) -> Array:
   """The routed head's gate, a column `[t, 1]`."""
   g = jnp.zeros(choice.shape, jnp.float32)
@@ -151,7 +172,7 @@ def _split(refs, static: _Static, names: tuple[str, ...]) -> dict:
 _FORWARD_REFS = ('q', 'w', 'b', 'kv', 'z', 'choice', 'gate', 'y', 'pre')
 
 
-def _forward_kernel(*refs, static: _Static):
+def _forward_kernel(*refs, static: _Static, lay: str):
   """One query tile: route, project, features, summaries, normalise."""
   r = _split(refs, static, _FORWARD_REFS)
   choice = r['choice'][...]
@@ -161,7 +182,8 @@ def _forward_kernel(*refs, static: _Static):
   # every pair's tiles were live at once: register spills on GPUs).
   def subhead(s, carry):
     phi = (None if static.stacked else  # One query for every head.
-           _feature(r['q'][s].astype(jnp.float32), static.feature_map))
+           _feature(_sub(r['q'], s, lay).astype(jnp.float32),
+                    static.feature_map))
 
     def head(h, carry):
       num, den, pre_sel = carry
@@ -178,15 +200,16 @@ def _forward_kernel(*refs, static: _Static):
         pre_sel = jnp.where(take, pre.astype(jnp.float32), pre_sel)
       return num, den, pre_sel
 
-    tile = jnp.zeros(r['y'].shape[1:], jnp.float32)
+    tile = jnp.zeros((choice.shape[0], r['kv'].shape[-1]), jnp.float32)
     num, den, pre_sel = lax.fori_loop(
         0, static.heads, head,
         (tile, jnp.zeros(choice.shape, jnp.float32),
          tile if static.stacked else jnp.zeros((), jnp.float32)))
     # As the XLA code: gate / (den + eps), times the numerator.
-    r['y'][s] = (num * (g / (den + static.epsilon))).astype(r['y'].dtype)
+    _set_sub(r['y'], s, lay,
+             (num * (g / (den + static.epsilon))).astype(r['y'].dtype))
     if static.stacked:
-      r['pre'][s] = pre_sel.astype(r['pre'].dtype)
+      _set_sub(r['pre'], s, lay, pre_sel.astype(r['pre'].dtype))
     return carry
 
   lax.fori_loop(0, static.subheads, subhead, 0)
@@ -196,7 +219,7 @@ _DQ_REFS = ('q', 'pre', 'w', 'b', 'kv', 'z', 'choice', 'gate', 'dy',
             'd_pre', 'd_q', 'd_gate')
 
 
-def _dq_kernel(*refs, static: _Static):
+def _dq_kernel(*refs, static: _Static, lay: str):
   """One query tile: cotangents of the pre-activations, queries and gate."""
   r = _split(refs, static, _DQ_REFS)
   choice = r['choice'][...]
@@ -211,9 +234,10 @@ def _dq_kernel(*refs, static: _Static):
   # the body spilled registers on GPUs.
   def subhead(s, carry):
     terms, d_q = carry
-    pre = (r['pre'][s] if static.stacked else r['q'][s]).astype(jnp.float32)
+    pre = _sub(r['pre'] if static.stacked else r['q'], s, lay).astype(
+        jnp.float32)
     phi = _feature(pre, static.feature_map)
-    dy = r['dy'][s].astype(jnp.float32)
+    dy = _sub(r['dy'], s, lay).astype(jnp.float32)
     column = jnp.zeros(choice.shape, jnp.float32)
 
     def columns(h, carry):
@@ -250,7 +274,7 @@ def _dq_kernel(*refs, static: _Static):
     d_phi = lax.fori_loop(0, static.heads, cotangent,
                           jnp.zeros(phi.shape, jnp.float32))
     d_pre = d_phi * _slope(pre, static.feature_map)
-    r['d_pre'][s] = d_pre.astype(r['d_pre'].dtype)
+    _set_sub(r['d_pre'], s, lay, d_pre.astype(r['d_pre'].dtype))
     if static.stacked:
       def head_dq(h, d_q):  # d_q: a [t, span] float32 sum per span.
         d_pre_h = jnp.where(choice == h, d_pre, 0.0).astype(r['w'].dtype)
@@ -345,13 +369,40 @@ def _rows(lead: tuple[int, ...], t: int, width: int):
                       lambda b, x: (b,) + (0,) * len(lead) + (x, 0))
 
 
-def _tile_args(static: _Static, q, w, b, kv, z, choice, gate):
-  """Operands of the per-tile kernels (forward, dq) and their specs."""
+def _sub_rows(subheads: int, t: int, width: int, lay: str):
+  """One tile of `t` rows of a per-subhead array in `lay`: `[batch, S, n,
+  width]` ('bhnd') or `[batch, n, S, width]` ('bnhd')."""
+  if lay == 'bhnd':
+    return _rows((subheads,), t, width)
+  return pl.BlockSpec((None, t, subheads, width), lambda b, x: (b, x, 0, 0))
+
+
+def _sub_shape(batch: int, subheads: int, n: int, width: int, lay: str
+               ) -> tuple[int, ...]:
+  return ((batch, subheads, n, width) if lay == 'bhnd'
+          else (batch, n, subheads, width))
+
+
+def _lay(static: _Static, params) -> str:
+  """The layout a call's kernel reads: the static one, but 'bhnd' on TPUs,
+  whose blocks need the sequence and the width as their last two axes."""
+  return flash._layout_of(static, params)
+
+
+def _relayout(static: _Static, args: list, outs: list):
+  """`flash.on_every_platform`'s `relayout`: the flagged per-subhead
+  operands and outputs, transposed around the TPU form."""
+  return (args, outs) if static.layout == 'bnhd' else None
+
+
+def _tile_args(static: _Static, q, w, b, kv, z, choice, gate, lay: str):
+  """Operands of the per-tile kernels (forward, dq), their specs in `lay`,
+  and which of them are per-subhead (transposed for the TPU form)."""
   t = static.block
   if static.stacked:
     q_spec = _rows((), t, q.shape[2])
   else:
-    q_spec = _rows((static.subheads,), t, q.shape[3])
+    q_spec = _sub_rows(static.subheads, t, q.shape[3], lay)
   args, specs = [q], [q_spec]
   if static.stacked:
     args.append(w)
@@ -362,43 +413,56 @@ def _tile_args(static: _Static, q, w, b, kv, z, choice, gate):
   args += [kv, z, choice, gate]
   specs += [_batch_whole(kv.shape[1:]), _batch_whole(z.shape[1:]),
             _rows((), t, 1), _rows((static.heads,), t, 1)]
-  return args, specs
+  flags = [not static.stacked] + [False] * (len(args) - 1)
+  return args, specs, flags
 
 
 def _forward(static: _Static, q, w, b, kv, z, choice, gate):
   batch, n = choice.shape[:2]
   t, s_, d = static.block, static.subheads, kv.shape[-1]
   dtype = q.dtype
-  args, specs = _tile_args(static, q, w, b, kv, z, choice, gate)
-  out_shape = [jax.ShapeDtypeStruct((batch, s_, n, d), dtype)]
-  out_specs = [_rows((s_,), t, d)]
-  if static.stacked:
-    out_shape.append(jax.ShapeDtypeStruct((batch, s_, n, d), dtype))
-    out_specs.append(_rows((s_,), t, d))
-  kernel = functools.partial(_forward_kernel, static=static)
+  outs = 2 if static.stacked else 1
+
+  def plumbing(lay):
+    args, specs, flags = _tile_args(static, q, w, b, kv, z, choice, gate,
+                                    lay)
+    out_shape = [jax.ShapeDtypeStruct(_sub_shape(batch, s_, n, d, lay),
+                                      dtype)] * outs
+    return args, specs, flags, out_shape, [_sub_rows(s_, t, d, lay)] * outs
 
   def call(params, interpret):
+    lay = _lay(static, params)
+    _, specs, _, out_shape, out_specs = plumbing(lay)
     return pl.pallas_call(
-        kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
+        functools.partial(_forward_kernel, static=static, lay=lay),
+        grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
         out_shape=out_shape, compiler_params=params, interpret=interpret,
         name='adamra_routed_forward')
+  args, specs, flags, out_shape, out_specs = plumbing('bhnd')
   launch = _launch(specs + out_specs, args + out_shape, t, d, 2,
                    warps=TILE_WARPS, stages=TILE_STAGES)
-  outs = _on_every_platform(call, launch)(*args)
-  return outs[0], (outs[1] if static.stacked else None)
+  result = _on_every_platform(call, launch, _relayout(
+      static, flags, [True] * outs))(*args)
+  return result[0], (result[1] if static.stacked else None)
 
 
 def _summary_grads(static: _Static, pre, dy, choice, gate, kv, z):
   """Partial sums `[batch, H, S, chunks, d, d]` and `[..., 1, d]`."""
-  batch, s_, n, d = pre.shape
+  batch, n = choice.shape[:2]
+  s_, d = static.subheads, kv.shape[-1]
   h_, t = static.heads, static.block
   rows = static.chunk * t
   chunks = n // rows
   kernel = functools.partial(_summary_grad_kernel, static=static)
-  seq = lambda width: pl.BlockSpec(  # noqa: E731
-      (None, None, rows, width), lambda b, h, s, c: (b, s, c, 0))
+
+  def seq(width, lay):  # One subhead's chunk of rows.
+    if lay == 'bhnd':
+      return pl.BlockSpec((None, None, rows, width),
+                          lambda b, h, s, c: (b, s, c, 0))
+    return pl.BlockSpec((None, rows, None, width),
+                        lambda b, h, s, c: (b, c, s, 0))
   in_specs = [
-      seq(d), seq(d),
+      seq(d, 'bhnd'), seq(d, 'bhnd'),
       pl.BlockSpec((None, rows, 1), lambda b, h, s, c: (b, c, 0)),
       pl.BlockSpec((None, None, rows, 1), lambda b, h, s, c: (b, h, c, 0)),
       pl.BlockSpec((None, None, None, d, d),
@@ -415,13 +479,16 @@ def _summary_grads(static: _Static, pre, dy, choice, gate, kv, z):
       jax.ShapeDtypeStruct((batch, h_, s_, chunks, 1, d), jnp.float32)]
 
   def call(params, interpret):
+    lay = _lay(static, params)
     return pl.pallas_call(
-        kernel, grid=(batch, h_, s_, chunks), in_specs=in_specs,
+        kernel, grid=(batch, h_, s_, chunks),
+        in_specs=[seq(d, lay), seq(d, lay)] + in_specs[2:],
         out_specs=out_specs, out_shape=out_shape, compiler_params=params,
         interpret=interpret, name='adamra_routed_summary_grad')
   args = [pre, dy, choice, gate, kv, z]
   launch = _launch(in_specs + out_specs, args + out_shape, rows, d, 4)
-  return _on_every_platform(call, launch)(*args)
+  return _on_every_platform(call, launch, _relayout(
+      static, [True, True] + [False] * 4, [False, False]))(*args)
 
 
 def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
@@ -429,29 +496,43 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
   t, s_, h_, d = static.block, static.subheads, static.heads, kv.shape[-1]
   if not static.stacked:
     pre = q
-  args, specs = _tile_args(static, q, w, b, kv, z, choice, gate)
-  if static.stacked:
-    args.insert(1, pre)
-    specs.insert(1, _rows((s_,), t, d))
-  args.append(dy)
-  specs.append(_rows((s_,), t, d))
-  out_shape = [jax.ShapeDtypeStruct(pre.shape, pre.dtype)]
-  out_specs = [_rows((s_,), t, d)]
-  if static.stacked:
-    out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
-    out_specs.append(_rows((), t, q.shape[2]))
-  out_shape.append(jax.ShapeDtypeStruct((batch, h_, n, 1), jnp.float32))
-  out_specs.append(_rows((h_,), t, 1))
-  kernel = functools.partial(_dq_kernel, static=static)
+
+  def plumbing(lay):
+    args, specs, flags = _tile_args(static, q, w, b, kv, z, choice, gate,
+                                    lay)
+    sub = _sub_rows(s_, t, d, lay)
+    if static.stacked:
+      args.insert(1, pre)
+      specs.insert(1, sub)
+      flags.insert(1, True)
+    args.append(dy)
+    specs.append(sub)
+    flags.append(True)
+    out_shape = [jax.ShapeDtypeStruct(_sub_shape(batch, s_, n, d, lay),
+                                      pre.dtype)]
+    out_specs, out_flags = [sub], [True]
+    if static.stacked:
+      out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
+      out_specs.append(_rows((), t, q.shape[2]))
+      out_flags.append(False)
+    out_shape.append(jax.ShapeDtypeStruct((batch, h_, n, 1), jnp.float32))
+    out_specs.append(_rows((h_,), t, 1))
+    out_flags.append(False)
+    return args, specs, flags, out_shape, out_specs, out_flags
 
   def call(params, interpret):
+    lay = _lay(static, params)
+    _, specs, _, out_shape, out_specs, _ = plumbing(lay)
     return pl.pallas_call(
-        kernel, grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
+        functools.partial(_dq_kernel, static=static, lay=lay),
+        grid=(batch, n // t), in_specs=specs, out_specs=out_specs,
         out_shape=out_shape, compiler_params=params, interpret=interpret,
         name='adamra_routed_dq')
+  args, specs, flags, out_shape, out_specs, out_flags = plumbing('bhnd')
   launch = _launch(specs + out_specs, args + out_shape, t, d, 2,
                    warps=TILE_WARPS, stages=TILE_STAGES)
-  outs = _on_every_platform(call, launch)(*args)
+  outs = _on_every_platform(call, launch, _relayout(static, flags,
+                                                    out_flags))(*args)
   d_pre, d_gate = outs[0], outs[-1]
 
   d_kv, d_z = _summary_grads(static, pre, dy, choice, gate, kv, z)
@@ -463,13 +544,16 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
   # The per-head maps: each a sum over every query routed to h of
   # q^T dpre, one large product per head.
   d_w, d_b = [], []
+  bnhd = static.layout == 'bnhd'
   for h in range(h_):
-    mine = (choice == h)[:, None]  # [batch, 1, n, 1]
+    # [batch, n, 1, 1] ('bnhd') or [batch, 1, n, 1].
+    mine = (choice == h)[:, :, None] if bnhd else (choice == h)[:, None]
     d_pre_h = jnp.where(mine, d_pre, jnp.zeros((), d_pre.dtype))
-    d_w.append(jnp.einsum('bnf,bsnd->sfd', q, d_pre_h,
-                          preferred_element_type=jnp.float32))
+    d_w.append(jnp.einsum('bnf,bnsd->sfd' if bnhd else 'bnf,bsnd->sfd', q,
+                          d_pre_h, preferred_element_type=jnp.float32))
     if static.has_bias:
-      d_b.append(jnp.sum(d_pre_h.astype(jnp.float32), axis=(0, 2))[:, None])
+      d_b.append(jnp.sum(d_pre_h.astype(jnp.float32),
+                         axis=(0, 1) if bnhd else (0, 2))[:, None])
   d_w = jnp.stack(d_w).astype(w.dtype)
   d_b = jnp.stack(d_b).astype(b.dtype) if static.has_bias else None
   return d_q, d_w, d_b, d_kv, d_z, d_gate
@@ -585,8 +669,8 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
     w = _pad_to(_pad_to(w, 2, fp), 3, dp)
     b = (None if bias is None
          else _pad_to(bias.astype(q.dtype)[:, :, None, :], 3, dp))
-  else:
-    q_in = _pad_to(_pad_to(jnp.transpose(q, (0, 2, 1, 3)), 2, n_pad), 3, dp)
+  else:  # The model's layout, read as it is ('bnhd').
+    q_in = _pad_to(_pad_to(q, 1, n_pad), 3, dp)
     w = b = None
   kv_in = _pad_to(_pad_to(kv.astype(jnp.float32), 3, dp), 4, dp)
   z_in = _pad_to(z.astype(jnp.float32)[:, :, :, None, :], 4, dp)
@@ -605,7 +689,7 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
       lambda first_row, q, kv, z, choice, gate, w, b: _routed(
           static, q, w, b, kv, z, choice, gate),
       (q_in, kv_in, z_in, choice_in, gate_in), (w, b))
-  return jnp.transpose(y[:, :, :n, :d], (0, 2, 1, 3))
+  return y[:, :n, :, :d]
 
 
 def reference(q: Array, kv: Array, z: Array, choice: Array, gate: Array, *,

@@ -19,6 +19,7 @@ import pytest
 
 from lra_msmra.attention import adamra
 from lra_msmra.kernels import adamra as routed_kernels
+from lra_msmra.kernels import flash
 from tests.kernels import helpers
 
 pytestmark = pytest.mark.xdist_group('kernels-adamra')
@@ -114,6 +115,24 @@ def test_pallas_equals_xla_with_gradients(cid, knobs, rate):
   if knobs.get('router_gate', 'prob') != 'hard':
     # The router learns (through the gate's cotangent from the kernel).
     assert float(jnp.abs(got[1][0]['router']['kernel']).max()) > 0
+
+
+@pytest.mark.parametrize('cid,knobs,rate', [CASES[0], CASES[1]],
+                         ids=[CASES[0][0], CASES[1][0]])
+def test_tpu_form_equals_xla_with_gradients(monkeypatch, cid, knobs, rate):
+  # The TPU form reads the per-subhead arrays heads-major, transposed
+  # around its kernels (the GPU form reads the model's layout).
+  jax.clear_caches()  # No program traced in the other form.
+  monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', True)
+
+  def check(name, got, want):
+    scale = max(float(jnp.abs(want).max()), 1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * scale,
+                               err_msg=name)
+  try:
+    _compare(cid, knobs, rate, jnp.float32, check)
+  finally:
+    jax.clear_caches()
 
 
 def test_bfloat16_tracks_xla():
