@@ -661,6 +661,9 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
   dp = _width(d)
   t = tile(n, d, q.dtype, block)
   n_pad = -(-n // t) * t
+  # Wide subheads are read heads-major: in the model's layout the dQ
+  # kernel's strided [t, S, d] rows spill registers on an H200 at d = 128.
+  layout = 'bnhd' if dp < 128 else 'bhnd'
   if stacked:
     f = q.shape[2]
     fp = _width(f)
@@ -669,8 +672,11 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
     w = _pad_to(_pad_to(w, 2, fp), 3, dp)
     b = (None if bias is None
          else _pad_to(bias.astype(q.dtype)[:, :, None, :], 3, dp))
-  else:  # The model's layout, read as it is ('bnhd').
+  elif layout == 'bnhd':  # The model's layout, read as it is.
     q_in = _pad_to(_pad_to(q, 1, n_pad), 3, dp)
+    w = b = None
+  else:
+    q_in = _pad_to(_pad_to(jnp.transpose(q, (0, 2, 1, 3)), 2, n_pad), 3, dp)
     w = b = None
   kv_in = _pad_to(_pad_to(kv.astype(jnp.float32), 3, dp), 4, dp)
   z_in = _pad_to(z.astype(jnp.float32)[:, :, :, None, :], 4, dp)
@@ -682,13 +688,15 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
                    feature_map=feature_map, epsilon=float(epsilon),
                    stacked=stacked, has_bias=stacked and bias is not None,
                    all_gate_gradients=all_gate_gradients,
-                   chunk=_chunk_tiles(n_pad // t))
+                   chunk=_chunk_tiles(n_pad // t), layout=layout)
   # One call per batch shard inside a mesh (`mesh.batch_parallel`); the
   # maps are every shard's.
   y = mesh_lib.batch_parallel(
       lambda first_row, q, kv, z, choice, gate, w, b: _routed(
           static, q, w, b, kv, z, choice, gate),
       (q_in, kv_in, z_in, choice_in, gate_in), (w, b))
+  if layout == 'bhnd':
+    return jnp.transpose(y[:, :, :n, :d], (0, 2, 1, 3))
   return y[:, :n, :, :d]
 
 

@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 from typing import Any, Optional, Sequence
 
@@ -373,7 +374,9 @@ def flash_work(calls) -> Optional[dict[str, Any]]:
 # ---------------------------------------------------------------- a case
 
 
-def measure(c: Case) -> dict[str, Any]:
+def _program(c: Case):
+  """The case's layer: (its forward, a loss of its output, abstract
+  params, input and mask)."""
   from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
   mechanism, _ = kernel_matrix.VARIANTS_BY_LABEL[c.variant]
   features = c.heads * c.head_dim
@@ -394,7 +397,67 @@ def measure(c: Case) -> dict[str, Any]:
 
   def loss(p, x, mask):
     return jnp.sum(forward(p, x, mask).astype(jnp.float32) ** 2)
+  return forward, loss, params, x, mask
 
+
+# Ops of optimised HLO that move data without computing: what their names
+# say (XLA names a fusion after the ops it holds, e.g.
+# 'input_transpose_fusion', 'wrapped_transpose', 'loop_pad_fusion').
+_HLO_LINE = re.compile(
+    r'\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([a-z][\w\-]*)\(')
+_HLO_ARRAY = re.compile(r'\b[a-z]+\d*\[([\d,]*)\]')
+
+
+def hlo_glue(text: str, min_elements: int) -> dict[str, int]:
+  """Transposes and pads at the top level (ENTRY) of optimised HLO text:
+  transpose and copy ops and fusions named for a transpose count as
+  'transpose', pad ops and fusions named for a pad as 'pad', where their
+  largest output has at least `min_elements` elements; smaller ones count
+  as 'small'."""
+  counts = {'transpose': 0, 'pad': 0, 'small': 0}
+  entry = text[text.index('\nENTRY'):] if '\nENTRY' in text else text
+  for line in entry.split('\n')[1:]:
+    if line.startswith('}'):
+      break
+    m = _HLO_LINE.match(line)
+    if not m:
+      continue
+    name, types, op = m.groups()
+    kind = None
+    if op in ('transpose', 'copy') or (op == 'fusion'
+                                       and 'transpose' in name):
+      kind = 'transpose'
+    elif op == 'pad' or (op == 'fusion' and '_pad' in name):
+      kind = 'pad'
+    if kind is None:
+      continue
+    sizes = [int(np.prod([int(d) for d in dims.split(',') if d]))
+             for dims in _HLO_ARRAY.findall(types)]
+    counts[kind if max(sizes, default=0) >= min_elements else 'small'] += 1
+  return counts
+
+
+def compiled_glue(c: Case, target: str) -> dict[str, Any]:
+  """`hlo_glue` of the program that `target`'s compiler makes of the
+  case's layer, forward and gradients (one compile-only device, the
+  compile extras), with the compile's seconds."""
+  import time  # pylint: disable=g-import-not-at-top
+  from jax.sharding import SingleDeviceSharding  # pylint: disable=g-import-not-at-top
+  from lra_msmra_tools import targets  # pylint: disable=g-import-not-at-top
+  spec = targets.parse(target)
+  device = SingleDeviceSharding(spec.devices()[0])
+  _, loss, params, x, mask = _program(c)
+  placed = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
+  start = time.time()
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(
+      jax.tree.map(placed, params), placed(x), placed(mask)).lower().compile(
+          spec.compiler_options(spill_check=False))
+  counts = hlo_glue(compiled.as_text(), c.batch * c.length * c.head_dim)
+  return dict(counts, target=spec.label, seconds=round(time.time() - start))
+
+
+def measure(c: Case, compiled_on: Optional[str] = None) -> dict[str, Any]:
+  forward, loss, params, x, mask = _program(c)
   calls: list = []
   with recording_flash_calls(calls):
     fwd = jax.make_jaxpr(forward)(params, x, mask).jaxpr
@@ -423,6 +486,8 @@ def measure(c: Case) -> dict[str, Any]:
       flash_kernels=sum(k['name'].startswith('flash') for k in all_kernels),
       split_kernels=sum(k['interior_split'] for k in all_kernels
                         if k['name'].startswith('flash')))
+  if compiled_on:
+    record['compiled'] = compiled_glue(c, compiled_on)
   return record
 
 
@@ -442,7 +507,13 @@ def table(records: Sequence[dict[str, Any]]) -> str:
             ' scans | fewest programs (kernel) | matmuls per tile fwd / bwd '
             '| key tiles visited / needed | useful share | kernels on exp2 '
             '| flash kernels with unmasked interior tiles |')
-  rows = [header, '|' + '---|' * 10]
+  on = next((r['compiled']['target'] for r in records if 'compiled' in r),
+            None)
+  columns = 10
+  if on:
+    header += f' transposes, pads compiled for {on} |'
+    columns += 1
+  rows = [header, '|' + '---|' * columns]
   for r in records:
     g = r['glue']
     glue = (f'{r["glue_total"]} ({g["transpose"]}, {g["pad"]}, '
@@ -467,7 +538,9 @@ def table(records: Sequence[dict[str, Any]]) -> str:
         f'{programs:,}{mark} ({r["smallest_grid"]}) | '
         f'{r["dots_forward"]} / {r["dots_backward"]} | {tiles} | {share} | '
         f'{_of(r, "exp2_kernels", "exp_kernels")} | '
-        f'{_of(r, "split_kernels", "flash_kernels")} |')
+        f'{_of(r, "split_kernels", "flash_kernels")} |'
+        + (f' {r["compiled"]["transpose"]}, {r["compiled"]["pad"]} |'
+           if on and 'compiled' in r else ' - |' if on else ''))
   return '\n'.join(rows)
 
 
@@ -480,6 +553,10 @@ def main(argv: Sequence[str]) -> int:
                       f'{",".join(TASKS)}')
   parser.add_argument('--variants', default=','.join(CONFIG_FILES))
   parser.add_argument('--batch', type=int, default=4)
+  parser.add_argument('--compiled', default=None, metavar='TARGET',
+                      help='also compile each layer for TARGET (e.g. h200; '
+                      'needs the compile extras) and count the transposes '
+                      'and pads of activations in the optimised program')
   parser.add_argument('--json', help='write the records here')
   parser.add_argument('--doc', help='put the table into this markdown file, '
                       f'between {DOC_START} and {DOC_END}')
@@ -493,10 +570,18 @@ def main(argv: Sequence[str]) -> int:
     if v not in CONFIG_FILES:
       parser.error(f'--variants: unknown variant {v!r}; valid: '
                    f'{",".join(CONFIG_FILES)}')
+  if args.compiled:
+    from lra_msmra_tools import targets  # pylint: disable=g-import-not-at-top
+    try:  # JAX is imported already: JAX_PLATFORMS=cpu must be set.
+      targets.prepare_environment()
+      targets.parse(args.compiled).check_packages()
+    except (RuntimeError, ValueError, targets.MissingPackage) as e:
+      parser.error(f'--compiled: {e}')
   records = []
   for task in tasks:
     for variant in variants:
-      records.append(measure(case(variant, task, args.batch)))
+      records.append(measure(case(variant, task, args.batch),
+                             compiled_on=args.compiled))
       print(f'{variant} ({task}) measured', file=sys.stderr, flush=True)
   text = table(records)
   print(text)

@@ -135,6 +135,39 @@ def test_tpu_form_equals_xla_with_gradients(monkeypatch, cid, knobs, rate):
     jax.clear_caches()
 
 
+@pytest.mark.parametrize('dim', [32, 128], ids=['model-layout', 'wide'])
+@pytest.mark.parametrize('stacked', [False, True], ids=['shared', 'stacked'])
+def test_routed_attention_equals_reference(dim, stacked):
+  # Subheads under 128 wide are read in the model's layout, wider ones
+  # heads-major: both equal the reference, with gradients.
+  batch, n, heads, subheads, features = 2, 40, 3, 2, 32
+  keys = iter(jax.random.split(jax.random.PRNGKey(7), 8))
+  normal = lambda shape: jax.random.normal(next(keys), shape)
+  q = normal((batch, n, features) if stacked else (batch, n, subheads, dim))
+  w = normal((heads, features, subheads, dim)) / 4 if stacked else None
+  b = normal((heads, subheads, dim)) if stacked else None
+  kv = normal((batch, heads, subheads, dim, dim))
+  z = jnp.abs(normal((batch, heads, subheads, dim))) + 1.0
+  choice = jax.random.randint(next(keys), (batch, n), 0, heads)
+  gate = jax.nn.softmax(normal((batch, n, heads)))
+  cot = normal((batch, n, subheads, dim))
+
+  def loss(fn):
+    def f(q, w, b, kv, z, gate):
+      y = fn(q, kv, z, choice, gate, weight=w, bias=b)
+      return jnp.sum(y * cot), y
+    return jax.jit(jax.value_and_grad(f, (0, 1, 2, 3, 4, 5) if stacked
+                                      else (0, 3, 4, 5), has_aux=True))
+  (_, got), got_grads = loss(routed_kernels.routed_attention)(
+      q, w, b, kv, z, gate)
+  (_, want), want_grads = loss(routed_kernels.reference)(q, w, b, kv, z,
+                                                         gate)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  for g, r in zip(got_grads, want_grads):
+    scale = float(jnp.abs(r).max())
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * scale)
+
+
 def test_bfloat16_tracks_xla():
   def check(name, got, want):
     got, want = (np.asarray(a, np.float32) for a in (got, want))
