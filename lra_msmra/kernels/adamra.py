@@ -38,7 +38,9 @@ The subhead queries, outputs and their cotangents are read and written in
 the model's layout `[batch, N, S, d]` through the BlockSpecs (stacked: the
 first-stage queries `[batch, N, F]`); the TPU form, whose blocks need the
 sequence and the width as their last two axes, gets them heads-major
-`[batch, S, N, d]`, transposed around its kernels. Per-query values are
+`[batch, S, N, d]`, transposed around its kernels, and so do subheads of
+128 and wider on every platform (the dQ kernel's strided rows spilled
+registers there on an H200). Per-query values are
 columns `[N, 1]`; head dims below 16 or not powers of two are zero-padded
 (Triton's products need 16), which changes nothing: padded features meet
 zero rows of KV and z. The kernels run on every platform through
