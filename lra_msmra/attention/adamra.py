@@ -59,6 +59,7 @@ import jax.numpy as jnp
 
 from lra_msmra.attention import base
 from lra_msmra.kernels import adamra as routed_kernels
+from lra_msmra.kernels import sequence_sums
 
 Array = jax.Array
 
@@ -515,11 +516,24 @@ class AdaMRAAttention(base.Attention):
         x.shape[1], multiple, head_dim=self.head_dims(x).head_dim,
         dtype=self.dtype)
 
+  def _weighted_sums_xla(self, w: Array, x: Array) -> Array:
+    """`[b, m, S, k]` features of `[b, m, S, v]` values -> `[b, S, k, v]`,
+    summed over the segments."""
+    return jnp.einsum('bmsk,bmsv->bskv', w, x)
+
+  def _weighted_sums_pallas(self, w: Array, x: Array) -> Array:
+    """The same sums in the GPU's form: a fused multiply-reduce, without
+    the transposed copies a matrix product makes in the model's layout
+    (`lra_msmra.kernels.sequence_sums`)."""
+    return sequence_sums.weighted_sums(w, x)
+
   # The kernel switch (`base.Attention.KERNELS`).
   KERNELS = {'xla': {'query_side': _query_side_xla,
-                     'length': _length_xla},
+                     'length': _length_xla,
+                     'weighted_sums': _weighted_sums_xla},
              'pallas': {'query_side': _query_side_pallas,
-                        'length': _length_pallas}}
+                        'length': _length_pallas,
+                        'weighted_sums': _weighted_sums_pallas}}
 
   @nn.compact
   def attend(self, x: Array, *, padding_mask: Array,
@@ -574,8 +588,8 @@ class AdaMRAAttention(base.Attention):
       z.append(jnp.sum(phi_k, axis=1))  # [b, S, d]
       phi_k_num = self._landmark_dropout(phi_k, deterministic,
                                          drawn // seg_len)
-      kv.append(jnp.einsum('bmsk,bmsv->bskv', phi_k_num,
-                           v_h.astype(jnp.float32)))  # [b, S, d, d]
+      kv.append(self.kernel('weighted_sums')(
+          phi_k_num, v_h.astype(jnp.float32)))  # [b, S, d, d]
 
     def head_query(h: int) -> Array:
       """Subhead queries of head h, `[b, n, S, d]`."""

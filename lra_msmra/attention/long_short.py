@@ -73,6 +73,7 @@ import jax.numpy as jnp
 from lra_msmra.attention import base
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import long_short as fused
+from lra_msmra.kernels import sequence_sums
 
 Array = jax.Array
 
@@ -567,18 +568,33 @@ class LongShortAttention(base.Attention):
         rows=x.shape[0] * self.num_heads, head_dim=self.head_dims(x)[1],
         dtype=self.dtype)
 
+  def _weighted_sums_xla(self, w: Array, x: Array) -> Array:
+    """`[b, n, h, r]` weights of `[b, n, h, d]` -> `[b, h, r, d]`."""
+    return jnp.einsum('bnhr,bnhd->bhrd', w, x)
+
+  def _weighted_sums_pallas(self, w: Array, x: Array) -> Array:
+    """The same sums in the GPU's form: a fused multiply-reduce, without
+    the transposed copies a matrix product makes in the model's layout
+    (`lra_msmra.kernels.sequence_sums`)."""
+    return sequence_sums.weighted_sums(w, x)
+
   # The kernel switch (`base.Attention.KERNELS`).
-  KERNELS = {'xla': {'core': _core_xla, 'length': _length_xla},
+  KERNELS = {'xla': {'core': _core_xla, 'length': _length_xla,
+                     'weighted_sums': _weighted_sums_xla},
              fused.IMPLEMENTATION: {'core': _core_pallas,
-                                    'length': _length_pallas}}
+                                    'length': _length_pallas,
+                                    'weighted_sums': _weighted_sums_pallas}}
 
   # -- bidirectional --------------------------------------------------------
 
-  def _project(self, src: Array, weights: Array, ln_global: nn.Module,
-               pattern: str) -> Array:
-    """Weighted sums of `src` in float32, then LN_G."""
-    compressed = jnp.einsum(pattern, weights, src.astype(jnp.float32))
-    return ln_global(compressed).astype(self.dtype)
+  def _project(self, src: Array, weights: Array, ln_global: nn.Module
+               ) -> Array:
+    """LN_G of the weighted sums of `src` `[b, n, h, d]` in float32, with
+    `weights` `[b, n, h, r]`: `[b, r, h, d]` (the kernel switch's
+    `weighted_sums`)."""
+    compressed = self.kernel('weighted_sums')(weights,
+                                              src.astype(jnp.float32))
+    return ln_global(jnp.swapaxes(compressed, 1, 2)).astype(self.dtype)
 
   def _bidirectional_projected(self, k_src, v_src, scores, ln_global,
                                padding_mask):
@@ -587,8 +603,8 @@ class LongShortAttention(base.Attention):
     r = self.num_landmarks
     # P: softmax over the sequence axis, padded positions excluded.
     p = base.safe_softmax(scores, padding_mask[:, :, None, None], axis=1)
-    k_bar = self._project(k_src, p, ln_global, 'bnhr,bnhd->brhd')
-    v_bar = self._project(v_src, p, ln_global, 'bnhr,bnhd->brhd')
+    k_bar = self._project(k_src, p, ln_global)
+    v_bar = self._project(v_src, p, ln_global)
     if not self.is_initializing():
       self.sow('intermediates', 'projection', p)
       self.sow('intermediates', 'compressed_keys', k_bar)
@@ -625,9 +641,10 @@ class LongShortAttention(base.Attention):
         scores.reshape(batch, n_chunks, chunk, heads, r),
         chunk_mask[..., None, None], axis=2)
 
-    def compress(src):
-      src = src.reshape(batch, n_chunks, chunk, heads, head_dim)
-      out = self._project(src, p, ln_global, 'bclhr,bclhd->bcrhd')
+    def compress(src):  # Each chunk's sums: chunks as batch rows.
+      src = src.reshape(batch * n_chunks, chunk, heads, head_dim)
+      out = self._project(src, p.reshape(batch * n_chunks, chunk, heads, r),
+                          ln_global)
       return out.reshape(batch, n_chunks * r, heads, head_dim)
     k_bar, v_bar = compress(k_src), compress(v_src)
     if not self.is_initializing():

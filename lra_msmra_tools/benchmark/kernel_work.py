@@ -135,6 +135,12 @@ def _sub_jaxprs(eqn, cuda_only: bool):
     return []
   if eqn.primitive.name == 'cond' and cuda_only:
     branches = [b.jaxpr for b in eqn.params['branches']]
+    platforms = eqn.params.get('branches_platforms')
+    if platforms:  # A platform switch: its cuda branch, else its default.
+      cuda = [b for b, p in zip(branches, platforms) if p and 'cuda' in p]
+      default = [b for b, p in zip(branches, platforms) if p is None]
+      if cuda or default:
+        return (cuda or default)[:1]
     triton = [b for b in branches if _is_triton_branch(b)]
     if triton:
       return triton[:1]
