@@ -4,6 +4,7 @@ import pytest
 
 from lra_msmra.kernels import flash
 from lra_msmra_tools.benchmark import kernel_work
+from tests import helpers
 
 
 def test_tile_work_of_segments_full_and_sliding_windows():
@@ -87,3 +88,44 @@ def test_the_table_marks_small_grids():
   rows = text.splitlines()[2:]
   assert '100 ✗ (k)' in rows[0] and '264 (k)' in rows[1]
   assert rows[0].endswith('| - | - |')
+
+
+HLO = """HloModule jit_loss
+
+%fused_computation (p: f32[4,64]) -> f32[64,4] {
+  %p = f32[4,64]{1,0} parameter(0)
+  ROOT %t = f32[64,4]{1,0} transpose(f32[4,64]{1,0} %p), dimensions={1,0}
+}
+
+ENTRY %main (a: bf16[2,128,4,32], b: f32[4,64]) -> bf16[2,4,128,32] {
+  %a = bf16[2,128,4,32]{3,2,1,0} parameter(0)
+  %b = f32[4,64]{1,0} parameter(1)
+  %input_transpose_fusion.1 = bf16[2,4,128,32]{3,2,1,0} fusion(%a), kind=kInput
+  %wrapped_transpose = f32[64,4]{1,0} fusion(%b), kind=kLoop
+  %loop_pad_fusion = (bf16[2,136,4,32]{3,2,1,0}, f32[8]{0}) fusion(%a), kind=kLoop
+  %copy.3 = bf16[2,128,4,32]{2,3,1,0} copy(%a)
+  %loop_add_fusion = bf16[2,128,4,32]{3,2,1,0} fusion(%a), kind=kLoop
+  ROOT %pad.2 = bf16[2,4,128,40]{3,2,1,0} pad(%input_transpose_fusion.1), padding=0_0x0_0x0_0x0_8
+}
+"""
+
+
+def test_hlo_glue_counts_the_entry_transposes_and_pads_by_size():
+  # 2 x 128 x 32 = 8,192 elements: activation-sized. The transpose inside
+  # a fused computation is not at the top level.
+  counts = kernel_work.hlo_glue(HLO, 2 * 128 * 32)
+  assert counts == {'transpose': 2, 'pad': 2, 'small': 1}
+
+
+@pytest.mark.extras
+@pytest.mark.skipif(helpers.COMPILE_EXTRAS_MISSING,
+                    reason=helpers.COMPILE_EXTRAS_REASON)
+def test_a_layer_compiled_for_an_h200_is_counted():
+  case = kernel_work.Case(variant='cst', task='listops', length=195,
+                          heads=2, head_dim=32, batch=2,
+                          knobs={'slice_length': 8})
+  counts = kernel_work.compiled_glue(case, 'h200')
+  assert counts['target'] == 'h200'
+  # cst reads the model's layout and pads once: no transposed activation
+  # in the compiled program, the layer's one pad.
+  assert counts['transpose'] == 0 and counts['pad'] == 1
