@@ -32,4 +32,8 @@ The modules here hold the others and the pieces they share:
 * `adamra`: `'pallas'` of `adamra`, its query side (each query's routed
   resolution head against the heads' key summaries) as kernels of its own,
   dispatched per platform as `flash`'s are.
+* `sequence_sums`: weighted sums over the sequence in the model's layout
+  (Transformer-LS's landmark projections, AdaMRA's key summaries under
+  `'pallas'`): a fused multiply-reduce on GPUs, without the transposed
+  copies of a matrix product whose batch axis (the heads) is not leading.
 """
