@@ -1341,14 +1341,16 @@ def call_tile(nq: int, nk: int = 0, nm: int = 0, *,
 
 def aligned_length(length: int, multiple: int,
                    tiles: Callable[[int], Sequence[int]]) -> int:
-  """The least length from `length` up that is a multiple of `multiple`
-  and of every tile that a layer's calls take at that length (`tiles`:
+  """A length from `length` up that is a multiple of `multiple` and of
+  every tile that a layer's calls take at that length (`tiles`:
   padded length -> the multiples its calls need, e.g. `call_tile` of each,
   times the positions per query of a call over pooled positions), so that
   a layer padded to it once pads no call again.
 
-  The multiple only grows, within the least common multiple of `multiple`
-  and the largest tiles, so this ends after a few rounds."""
+  The next multiple of the least common multiple of `multiple` and the
+  tiles met so far; that multiple only grows, within the least common
+  multiple of `multiple` and the largest tiles, so this ends after a few
+  rounds."""
   needed = multiple
   while True:
     padded = -(-length // needed) * needed
