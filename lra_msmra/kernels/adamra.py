@@ -385,16 +385,11 @@ def _sub_shape(batch: int, subheads: int, n: int, width: int, lay: str
           else (batch, n, subheads, width))
 
 
-def _lay(static: _Static, params) -> str:
-  """The layout a call's kernel reads: the static one, but 'bhnd' on TPUs,
-  whose blocks need the sequence and the width as their last two axes."""
-  return flash._layout_of(static, params)
-
-
-def _relayout(static: _Static, args: list, outs: list):
-  """`flash.on_every_platform`'s `relayout`: the flagged per-subhead
-  operands and outputs, transposed around the TPU form."""
-  return (args, outs) if static.layout == 'bnhd' else None
+# The layout a call's kernel reads ('bhnd' on TPUs) and the relayout of its
+# flagged per-subhead operands around the TPU form: flash's, whose statics
+# carry the same `layout` field.
+_lay = flash._layout_of
+_relayout = flash._relayout
 
 
 def _tile_args(static: _Static, q, w, b, kv, z, choice, gate, lay: str):
