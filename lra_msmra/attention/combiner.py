@@ -658,9 +658,13 @@ class CombinerAttention(base.Attention):
   def _length_pallas(self, x: Array, width: int) -> int:
     """The padded length: Combiner-Fixed's, whole blocks and whole tiles
     of its kernel call (`lra_msmra.kernels.combiner.fixed_length`); the
-    axial variants' grids pad for themselves."""
+    axial variants', whole rows of the kernels' grid
+    (`lra_msmra.kernels.combiner.axial_length`)."""
     if self.variant != 'fixed':
-      return x.shape[1]
+      return fused.axial_length(
+          x.shape[1], row_length=width,
+          offset=(-self.num_prefix_tokens) % width,
+          head_dim=self.head_dims(x)[1], dtype=self.dtype)
     return fused.fixed_length(
         x.shape[1], block_size=width, causal=self.causal,
         rows=x.shape[0] * self.num_heads, head_dim=self.head_dims(x)[1],
@@ -756,9 +760,9 @@ class CombinerAttention(base.Attention):
                          causal=self.causal, pool=pool, **drop)
     offset = (-self.num_prefix_tokens) % width
     summary_key = None
-    if self._plan() == 'rowmajor':
-      summary_key = self._row_summary_key(_to_grid(x, offset, width),
-                                          q.shape[-1])
+    if self._plan() == 'rowmajor':  # The kernels' grid of x.
+      summary_key = lambda row_out, grid: self._row_summary_key(
+          grid(x), q.shape[-1])(row_out)
     return fused.axial(q, k, v, pq, pk, real,
                        plan=self._plan() or self.variant, row_length=width,
                        offset=offset, causal=self.causal, pool=pool,

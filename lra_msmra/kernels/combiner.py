@@ -22,13 +22,13 @@ Covered (`check` refuses the rest at construction):
   n x m grid sees keys in its own row and in its own column (and span
   summaries stored in its row or column), under one softmax. No single
   order of the sequence puts both a row and a column in one window, so the
-  joint softmax is split in two layouts: a row-major pass (own row, and
-  summaries stored in the row) and a column-major pass (own column, and
-  summaries stored in the column), each a flash kernel with a
-  `GroupRule` mask. Their outputs and log-sum-exps are merged per query
-  (`_joint`), and the backward pass runs each layout's flash backward
-  kernels with the merged output and log-sum-exp, which is the gradient of
-  the one joint softmax. The local expectations of the vertical (column
+  joint softmax is split in two passes: one along the rows (each row a
+  line of the call: own row, and summaries stored in the row) and one
+  along the columns (own column, and summaries stored in the column),
+  each a flash kernel with a `GroupRule` mask within the line. Their
+  outputs and log-sum-exps are merged per query (`_joint`), and the
+  backward pass runs each pass's flash backward kernels with the merged
+  output and log-sum-exp, which is the gradient of the one joint softmax. The local expectations of the vertical (column
   above / below) and horizontal (row left / right) spans are themselves
   attentions with strict prefix or suffix masks (`GroupRule` 'lt' / 'gt'),
   one flash call each; rowmajor's row summaries are a flash call over full
@@ -53,17 +53,20 @@ the 'xla' implementation's `jax.random` bits.
 Inside a data mesh every kernel call runs once per batch shard
 (`mesh.batch_parallel`), as flash's public function does.
 
-Layout costs: Fixed without dropout works in the model's layout `[B, N,
-H, d]` throughout (flash reads it through its BlockSpecs, `layout='bnhd'`);
-with dropout its joint softmax is heads-major. For Axial and Mixture the
-grid is put heads-major once, and the column-major pass needs a transposed
-copy of q, k, v and, in its backward pass, of the output and its
-cotangent: O(N d) copies next to the kernels' O(N (n + m) d) work.
+Layout: every call reads the model's layout `[B, N, H, d]` as it lies
+(flash's `layout='bnhd'`), with no transposed copy. Fixed is one call over
+the sequence (with dropout, two calls over a grid of one row). Axial and
+Mixture reshape the sequence into the grid `[B, n, m, H, d]`, whose sides
+are whole tiles (`grid_shape`; the layer pads its input to it once,
+`axial_length`): a pass along the rows is a call over B * n lines of m,
+one along the columns a call over B * m lines of n that reads the grid
+with `fold=m` (`flash._Static`). Only per-query statistics (log-sum-exps,
+validity flags) change order between the two.
 
 Until `flash` exposes a joint softmax over several calls (its log-sum-exp as
 a differentiable output) and mask rules beyond its `Window` / `Extra`, this
-module drives flash's kernels through `_flash_forward`, `_flash_backward`
-and `_flash_attend`, the only places that call flash's kernels directly.
+module drives flash's kernels directly (`_joint_fwd`, `_joint_bwd` and
+`_attend`).
 """
 
 from __future__ import annotations
@@ -226,18 +229,30 @@ class GroupRule(NamedTuple):
                    )[:, :queries]
 
 
-# -- flash's kernels, driven with GroupRule masks ----------------------------
+# -- flash's kernels over the lines of a grid --------------------------------
+#
+# The axial variants work on the grid `[B, n, m, H, d]`: the sequence in
+# rows of m (the model's layout, reshaped). A pass attends along rows or
+# along columns. flash reads either as it lies ('bnhd'): a row pass is a
+# call over B * n rows of m positions (`[B * n, m, H, d]`), a column pass a
+# call over B * m columns of n positions (`[B, n, m * H, d]` with
+# `fold=m`, `flash._Static`), so no pass needs a transposed copy.
+
+LAYOUTS = ('rows', 'cols')
 
 
 class Keys(NamedTuple):
-  """One set of keys, heads-major, in the order of one layout.
+  """One set of keys of a pass along rows or columns of a grid.
 
   Attributes:
-    k: keys `[batch, heads, length, d]`.
-    v: values `[batch, heads, length, dv]`.
-    valid: bool `[batch, length]`.
-    rule: which queries see which keys (`GroupRule`, or `flash.Extra` with
-      `key_group=1`).
+    k: keys, stored along the pass's lines: a row pass's `[B, n, L, H,
+      d]` (L keys in each row), a column pass's `[B, L, m, H, d]` (L keys
+      in each column).
+    v: values, the same with their own width.
+    valid: bool `[B, n, L]` (rows) or `[B, L, m]` (columns).
+    rule: which of its line's keys a query sees, the query and key indices
+      counted along the line (`GroupRule` over one group, or `flash.Extra`
+      with `key_group=1`).
     direct: direct keys get attention dropout after the joint softmax; span
       summaries do not (their members got theirs in the local expectation).
   """
@@ -269,36 +284,91 @@ class Seeds:
     return lax.bitcast_convert_type(seed, jnp.int32)
 
 
-def _any_key(keys: Keys, queries: int) -> Array:
-  """bool `[batch, queries]`: whether each query sees a valid key."""
-  rule = keys.rule
-  if isinstance(rule, GroupRule):
-    return rule.any_key(keys.valid, queries)
-  # flash.Extra with one key per group of `query_group` queries.
-  valid = keys.valid.astype(jnp.int32)
-  total = valid.sum(-1, keepdims=True)
-  count = (total - valid if rule.kind == 'other_group'
-           else jnp.cumsum(valid, -1) - valid)
-  seen = jnp.repeat(count > 0, rule.query_group, axis=1)
-  return seen[:, :queries]
-
-
 def _width(d: int) -> int:
   """A head dimension zero-padded to a power of two of at least 16, as
   Triton's matrix products need (flash's public function does the same)."""
   return flash.tile_size(d, 2**30)
 
 
-def _pad_rows(x: Array, t: int) -> Array:
-  """`[B, H, L, d]`: L to a multiple of the tile, d to `_width(d)`."""
-  return flash._pad(flash._pad(x, 2, t), 3, _width(x.shape[3]))
+def _view(x: Array, layout: str) -> Array:
+  """A grid operand as the pass's flash operand ('bnhd'): `[B, n, L, H,
+  w]` -> `[B * n, L, H, w]` (rows), `[B, L, m, H, w]` -> `[B, L, m * H,
+  w]` (columns). Reshapes only."""
+  if layout == 'rows':
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+  return x.reshape(*x.shape[:2], x.shape[2] * x.shape[3], x.shape[4])
 
 
-def _pad_keys(keys: Optional[Keys], t: int):
+def _unview(x: Array, layout: str, n: int, m: int) -> Array:
+  """`_view`'s inverse, for `[.., L, .., w]` operands of the pass."""
+  if layout == 'rows':
+    return x.reshape(x.shape[0] // n, n, *x.shape[1:])
+  return x.reshape(x.shape[0], x.shape[1], m, x.shape[2] // m, x.shape[3])
+
+
+def _flag_view(valid: Array, layout: str) -> Array:
+  """bool `[B, n, L]` -> `[B * n, L]` (rows); `[B, L, m]` -> `[B * m, L]`
+  (columns: a small transpose of flags, not of activations)."""
+  if layout == 'rows':
+    return valid.reshape(-1, valid.shape[2])
+  return jnp.swapaxes(valid, 1, 2).reshape(-1, valid.shape[1])
+
+
+def _line(layout: str, n: int, m: int) -> int:
+  """Positions per line of the pass: m along rows, n along columns."""
+  return m if layout == 'rows' else n
+
+
+def _fold(layout: str, m: int) -> int:
+  return 1 if layout == 'rows' else m
+
+
+def _stat_of_pass(x: Array, layout: str, n: int, m: int) -> Array:
+  """A pass's per-query statistic `[B', H, line]` -> `[B, n, m, H]`."""
+  heads = x.shape[1]
+  if layout == 'rows':
+    return jnp.swapaxes(x.reshape(-1, n, heads, m), 2, 3)
+  return jnp.transpose(x.reshape(-1, m, heads, n), (0, 3, 1, 2))
+
+
+def _stat_to_pass(x: Array, layout: str) -> Array:
+  """`[B, n, m, H]` -> the pass's `[B', H, line]`."""
+  b, n, m, heads = x.shape
+  if layout == 'rows':
+    return jnp.swapaxes(x, 2, 3).reshape(b * n, heads, m)
+  return jnp.transpose(x, (0, 2, 3, 1)).reshape(b * m, heads, n)
+
+
+def _any_key(keys: Keys, layout: str, n: int, m: int) -> Array:
+  """bool `[B, n, m]`: whether each query sees a valid key of `keys`."""
+  valid, line = _flag_view(keys.valid, layout), _line(layout, n, m)
+  rule = keys.rule
+  if isinstance(rule, GroupRule):
+    seen = rule.any_key(valid, line)
+  else:  # flash.Extra with one key per group of `query_group` queries.
+    valid = valid.astype(jnp.int32)
+    total = valid.sum(-1, keepdims=True)
+    count = (total - valid if rule.kind == 'other_group'
+             else jnp.cumsum(valid, -1) - valid)
+    seen = jnp.repeat(count > 0, rule.query_group, axis=1)[:, :line]
+  if layout == 'rows':
+    return seen.reshape(-1, n, m)
+  return jnp.swapaxes(seen.reshape(-1, m, n), 1, 2)
+
+
+def _operand(x: Array, layout: str, t: int) -> Array:
+  """The pass's flash operand of grid operand `x`: its lines padded to a
+  multiple of the tile `t` (nothing to pad in an aligned grid), its heads
+  to `_width`."""
+  return flash._pad(flash._pad(_view(x, layout), 1, t), 3,
+                    _width(x.shape[-1]))
+
+
+def _key_operands(keys: Optional[Keys], layout: str, t: int):
   if keys is None:
     return None
-  return (_pad_rows(keys.k, t), _pad_rows(keys.v, t),
-          flash._flags(keys.valid, t))
+  return (_operand(keys.k, layout, t), _operand(keys.v, layout, t),
+          flash._flags(_flag_view(keys.valid, layout), t))
 
 
 def _seed_operand(seed: Optional[Array], first_row: Array
@@ -310,84 +380,102 @@ def _seed_operand(seed: Optional[Array], first_row: Array
   return jnp.stack([seed, first_row]).reshape(1, 2)
 
 
-def _static(window: Optional[Keys], extra: Optional[Keys], t: int,
-            heads: int, dropout_rate: float):
-  return flash._Static(
-      window.rule if window is not None else None,
-      extra.rule if extra is not None else None, t, heads=heads,
-      dropout_rate=float(dropout_rate))
+class _Pass(NamedTuple):
+  """One flash call of a grid: its `flash._Static` and its layout."""
+  static: Any
+  layout: str
 
 
-def _flash_attend(q: Array, keys: Keys, t: int, dropout_rate: float = 0.0,
-                  seed: Optional[Array] = None) -> Array:
-  """Softmax attention of `q` over `keys` (one layout), differentiable;
-  once per batch shard inside a mesh (`mesh.batch_parallel`)."""
-  nq, dv = q.shape[2], keys.v.shape[3]
-  # The tile fitted to the rule (`flash.fitted_block`).
-  t = flash.fitted_block(keys.rule, None, t, nq, keys.k.shape[2], 0,
-                         rows=q.shape[0] * q.shape[1])
-  static = _static(keys, None, t, q.shape[1], dropout_rate)
-
-  def local(first_row, q, keys, seed):
-    return flash._flash(static, _seed_operand(seed, first_row), q, keys, None)
-  out = mesh_lib.batch_parallel(local, (_pad_rows(q, t), _pad_keys(keys, t)),
-                                (seed,))
-  return out[:, :, :nq, :dv]
-
-
-def _flash_forward(static, seed, q, window_args, extra_args):
-  return flash._forward(static, seed, q, window_args, extra_args)
+def _pass(layout: str, window: Keys, extra: Optional[Keys], q: Array,
+          largest: int, dropout_rate: float) -> _Pass:
+  """The pass of queries `q` (grid `[B, n, m, H, d]`) over `window` (and
+  `extra`) keys along `layout`'s lines, with the tile fitted to its rules
+  (`flash.fitted_block`, at most `largest`)."""
+  b, n, m, heads = q.shape[:4]
+  axis = 2 if layout == 'rows' else 1
+  line = _line(layout, n, m)
+  largest = flash.tile_size(line, largest)  # No tile beyond the line.
+  t = flash.fitted_block(
+      window.rule, extra.rule if extra is not None else None, largest, line,
+      window.k.shape[axis], extra.k.shape[axis] if extra is not None else 0,
+      rows=b * (n if layout == 'rows' else m) * heads)
+  return _Pass(flash._Static(
+      window.rule, extra.rule if extra is not None else None, t,
+      heads=heads, dropout_rate=float(dropout_rate), layout='bnhd',
+      fold=_fold(layout, m)), layout)
 
 
-def _flash_backward(static, seed, q, window_args, extra_args, out, lse,
-                    d_out):
-  return flash._backward(static, seed, q, window_args, extra_args, out, lse,
-                         d_out)
+def _arrays(keys: Optional[Keys]):
+  """The arrays of `keys` (what a mesh splits by batch rows)."""
+  return None if keys is None else (keys.k, keys.v, keys.valid)
 
 
-# -- one softmax over several calls and two layouts --------------------------
+def _with_arrays(keys: Optional[Keys], arrays) -> Optional[Keys]:
+  return None if keys is None else keys._replace(
+      k=arrays[0], v=arrays[1], valid=arrays[2])
+
+
+def _pass_args(p: _Pass, first_row: Array, seed: Optional[Array], q: Array,
+               window: Keys, extra: Optional[Keys]):
+  """A pass's flash operands from its local (batch shard's) grid arrays:
+  (seed operand, queries, window keys, extra keys). The dropout masks'
+  batch row is the line's: example b's rows (columns) are b * n + r
+  (b * m + c)."""
+  n, m = q.shape[1:3]
+  t = p.static.block
+  lines = n if p.layout == 'rows' else m
+  return (_seed_operand(seed, first_row * lines), _operand(q, p.layout, t),
+          _key_operands(window, p.layout, t),
+          _key_operands(extra, p.layout, t))
+
+
+def _attend(q: Array, keys: Keys, layout: str, largest: int,
+            dropout_rate: float = 0.0, seed: Optional[Array] = None
+            ) -> Array:
+  """Softmax attention of grid queries `q` `[B, n, m, H, d]` over `keys`
+  along `layout`'s lines, differentiable: `[B, n, m, H, dv]`; once per
+  batch shard inside a mesh (`mesh.batch_parallel`)."""
+  p = _pass(layout, keys, None, q, largest, dropout_rate)
+  n, m = q.shape[1:3]
+  line, dv = _line(layout, n, m), keys.v.shape[-1]
+
+  def local(first_row, q, arrays, seed):
+    seed_arg, q_arg, window, _ = _pass_args(
+        p, first_row, seed, q, _with_arrays(keys, arrays), None)
+    out = flash._flash(p.static, seed_arg, q_arg, window, None)
+    return _unview(out[:, :line], layout, n, m)
+  out = mesh_lib.batch_parallel(local, (q, _arrays(keys)), (seed,))
+  return out[..., :dv]
+
+
+# -- one softmax over several passes -----------------------------------------
 
 
 class _JointStatic(NamedTuple):
-  """The passes' (flash._Static, layout) and the grid n x m."""
+  """The passes (`_Pass`) and the grid n x m."""
   passes: tuple
   n: int
   m: int
 
 
-def _rows_of_cols(x: Array, n: int, m: int) -> Array:
-  """`[B, H, m*n, ...]` column-major -> `[B, H, n*m, ...]` row-major."""
-  b, h = x.shape[:2]
-  x = x.reshape(b, h, m, n, *x.shape[3:])
-  return jnp.swapaxes(x, 2, 3).reshape(b, h, n * m, *x.shape[4:])
-
-
-def _cols_of_rows(x: Array, n: int, m: int) -> Array:
-  """`[B, H, n*m, ...]` row-major -> `[B, H, m*n, ...]` column-major."""
-  b, h = x.shape[:2]
-  x = x.reshape(b, h, n, m, *x.shape[3:])
-  return jnp.swapaxes(x, 2, 3).reshape(b, h, n * m, *x.shape[4:])
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _joint_core(static: _JointStatic, args, seen):
-  """The merged output `[B, H, n*m, dv]` (dv padded as the values are) of
-  the passes `args`, each (seed operand, queries, window, extra keys) in
-  its layout, padded; `seen`: per pass, bool `[B, n*m]` row-major."""
+  """The merged output `[B, n, m, H, dv]` (dv padded as the values are) of
+  the passes' flash operands `args` (`_pass_args`); `seen`: per pass,
+  bool `[B, n, m]`, whether a query sees a valid key in it."""
   return _joint_fwd(static, args, seen)[0]
 
 
 def _joint_fwd(static, args, seen):
   n, m = static.n, static.m
-  size = n * m
   parts = []
-  for (part_static, layout), (seed, q, window, extra), part_seen in zip(
-      static.passes, args, seen):
-    out, lse = _flash_forward(part_static, seed, q, window, extra)
-    out, lse = out[:, :, :size].astype(jnp.float32), lse[:, :, :size, 0]
-    if layout == 'cols':
-      out, lse = _rows_of_cols(out, n, m), _rows_of_cols(lse, n, m)
-    parts.append((out, lse, part_seen[:, None, :]))
+  for p, (seed, q, window, extra), part_seen in zip(static.passes, args,
+                                                     seen):
+    out, lse = flash._forward(p.static, seed, q, window, extra)
+    line = _line(p.layout, n, m)
+    out = _unview(out[:, :line], p.layout, n, m).astype(jnp.float32)
+    lse = _stat_of_pass(lse[:, :, :line, 0], p.layout, n, m)
+    parts.append((out, lse, part_seen[..., None]))
   # One softmax: pass p's output weighs exp(lse_p - lse).
   top = functools.reduce(jnp.maximum, [jnp.where(s, l, -jnp.inf)
                                        for _, l, s in parts])
@@ -407,19 +495,15 @@ def _joint_bwd(static, residuals, d_out):
   # The gradient of one softmax over all passes: each pass's flash backward
   # kernels with the merged output (delta = dO . out) and log-sum-exp.
   args, out, lse = residuals
-  n, m = static.n, static.m
-  lse = lse[..., None]
   d_out = d_out.astype(out.dtype)
   with_flags = lambda g: None if g is None else (*g, None)
   cotangents = []
-  for (part_static, layout), (seed, q, window, extra) in zip(static.passes,
-                                                             args):
-    o, l, d = out, lse, d_out
-    if layout == 'cols':
-      o, l, d = (_cols_of_rows(a, n, m) for a in (o, l, d))
-    pad = lambda x, q=q: flash._pad(x, 2, q.shape[2])
-    d_q, d_window, d_extra = _flash_backward(part_static, seed, q, window,
-                                             extra, pad(o), pad(l), pad(d))
+  for p, (seed, q, window, extra) in zip(static.passes, args):
+    lines = lambda x, q=q: flash._pad(x, 1, q.shape[1])
+    o, d = lines(_view(out, p.layout)), lines(_view(d_out, p.layout))
+    stat = flash._pad(_stat_to_pass(lse, p.layout), 2, q.shape[1])
+    d_q, d_window, d_extra = flash._backward(p.static, seed, q, window,
+                                             extra, o, stat[..., None], d)
     cotangents.append((None, d_q, with_flags(d_window), with_flags(d_extra)))
   return tuple(cotangents), None
 
@@ -427,26 +511,25 @@ def _joint_bwd(static, residuals, d_out):
 _joint_core.defvjp(_joint_fwd, _joint_bwd)
 
 
-def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
-           m: int, t: int, dropout_rate: float = 0.0,
+def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]],
+           largest: int, dropout_rate: float = 0.0,
            seeds: Optional[Seeds] = None) -> Array:
-  """One softmax per query over keys seen in row-major and column-major order.
+  """One softmax per query over keys seen along rows and along columns.
 
   Args:
-    queries: 'rows' (and 'cols' if used): the queries of the n x m grid,
-      `[B, H, n*m, d]`, in row-major (column-major) order.
-    keys: per layout, at most two `Keys` sets in that layout's order.
-    n, m: the grid (for the sequence of `fixed`: n = 1, m = N).
-    t: the tile.
+    queries: per layout used in `keys`, the grid's queries `[B, n, m, H,
+      d]` (the same array, or different ones).
+    keys: per layout, at most two `Keys` sets along its lines.
+    largest: the tile, at most (each pass fits its own).
     dropout_rate: attention dropout on the direct keys' weights.
     seeds: the dropout seeds (with `dropout_rate`).
 
   Returns:
-    `[B, H, n*m, dv]` row-major, in the queries' dtype; zero for a query
-    without a valid key.
+    `[B, n, m, H, dv]`, in the queries' dtype; zero for a query without a
+    valid key.
   """
-  statics, args, seen, seeds_used = [], [], [], []
-  for layout in ('rows', 'cols'):
+  passes, operands, seen, seeds_used, sets_used = [], [], [], [], []
+  for layout in LAYOUTS:
     sets = keys.get(layout, [])
     if dropout_rate:  # Direct keys drop, summaries do not: separate calls.
       groups = [([s for s in sets if s.direct], dropout_rate),
@@ -458,81 +541,27 @@ def _joint(queries: dict[str, Array], keys: dict[str, list[Keys]], n: int,
         continue
       window, extra = group[0], group[1] if len(group) > 1 else None
       q = queries[layout]
-      # Each pass's own tile, fitted to its rules (`flash.fitted_block`).
-      tp = flash.fitted_block(
-          window.rule, extra.rule if extra is not None else None, t,
-          q.shape[2], window.k.shape[2],
-          extra.k.shape[2] if extra is not None else 0,
-          rows=q.shape[0] * q.shape[1])
-      statics.append((_static(window, extra, tp, q.shape[1], rate), layout))
+      n, m = q.shape[1:3]
+      passes.append(_pass(layout, window, extra, q, largest, rate))
       seeds_used.append(seeds.next() if rate else None)
-      args.append((_pad_rows(q, tp), _pad_keys(window, tp),
-                   _pad_keys(extra, tp)))
-      flags = functools.reduce(jnp.logical_or, [
-          _any_key(s, n * m) for s in group])
-      if layout == 'cols':
-        flags = jnp.swapaxes(flags.reshape(-1, m, n), 1, 2).reshape(-1, n * m)
-      seen.append(flags)
-  static = _JointStatic(tuple(statics), n, m)
+      operands.append((q, _arrays(window), _arrays(extra)))
+      sets_used.append((window, extra))
+      seen.append(functools.reduce(jnp.logical_or, [
+          _any_key(s, layout, n, m) for s in group]))
+  static = _JointStatic(tuple(passes), n, m)
 
-  def local(first_row, args, seen, seeds):
-    args = tuple((_seed_operand(seed, first_row), *a)
-                 for seed, a in zip(seeds, args))
+  def local(first_row, operands, seen, seeds):
+    args = tuple(
+        _pass_args(p, first_row, seed, q, _with_arrays(w, w_arrays),
+                   _with_arrays(x, x_arrays))
+        for p, (q, w_arrays, x_arrays), (w, x), seed
+        in zip(passes, operands, sets_used, seeds))
     return _joint_core(static, args, seen)
   # Once per batch shard inside a mesh (`mesh.batch_parallel`).
-  out = mesh_lib.batch_parallel(local, (tuple(args), tuple(seen)),
+  out = mesh_lib.batch_parallel(local, (tuple(operands), tuple(seen)),
                                 (tuple(seeds_used),))
-  value_width = next(s.v.shape[3] for sets in keys.values() for s in sets)
+  value_width = next(s.v.shape[-1] for sets in keys.values() for s in sets)
   return out[..., :value_width]
-
-
-# -- layouts -----------------------------------------------------------------
-
-
-def _heads_major(x: Array) -> Array:
-  """`[B, N, H, d]` -> `[B, H, N, d]`."""
-  return jnp.swapaxes(x, 1, 2)
-
-
-def _grid_heads(x: Array) -> Array:
-  """Grid `[B, n, m, H, d]` -> `[B, H, n, m, d]`."""
-  return jnp.transpose(x, (0, 3, 1, 2, 4))
-
-
-def _rows(x: Array) -> Array:
-  """`[B, H, n, m, d]` -> row-major `[B, H, n*m, d]`."""
-  b, h, n, m = x.shape[:4]
-  return x.reshape(b, h, n * m, *x.shape[4:])
-
-
-def _cols(x: Array) -> Array:
-  """`[B, H, n, m, d]` -> column-major `[B, H, m*n, d]`."""
-  b, h, n, m = x.shape[:4]
-  return jnp.swapaxes(x, 2, 3).reshape(b, h, m * n, *x.shape[4:])
-
-
-def _flag_rows(x: Array) -> Array:
-  """bool `[B, n, m]` -> `[B, n*m]`."""
-  return x.reshape(x.shape[0], -1)
-
-
-def _flag_cols(x: Array) -> Array:
-  """bool `[B, n, m]` -> `[B, m*n]`."""
-  return jnp.swapaxes(x, 1, 2).reshape(x.shape[0], -1)
-
-
-def _stack_rows(parts: list[Array]) -> Array:
-  """Per-position arrays `[B, H, n, m, d]` -> `[B, H, n*K*m, d]`, the K
-  kinds side by side in each row (`GroupRule(m, K)`)."""
-  x = jnp.stack(parts, axis=3)
-  b, h, n, k, m = x.shape[:5]
-  return x.reshape(b, h, n * k * m, *x.shape[5:])
-
-
-def _stack_cols(parts: list[Array]) -> Array:
-  """Per-position arrays `[B, H, n, m, d]` -> `[B, H, m*K*n, d]`, the K
-  kinds side by side in each column (`GroupRule(n, K)`)."""
-  return _stack_rows([jnp.swapaxes(p, 2, 3) for p in parts])
 
 
 def tile(length: int, widths: tuple[int, ...], dtype,
@@ -575,8 +604,8 @@ def fixed_length(length: int, *, block_size: int, causal: bool, rows: int,
   nothing without dropout: a multiple of the block size s and of the
   call's tile (`flash.aligned_length`); `rows` = batch x heads, `head_dim`
   the queries' and values' width, `dtype` the queries'. (With dropout the
-  direct and summary keys take `_joint`'s heads-major passes, which pad
-  to their own tiles.)"""
+  direct and summary keys take `_joint`'s passes, which pad to their own
+  tiles where they need to.)"""
   rules = _fixed_rules(block_size, causal)
 
   def tiles(n: int) -> list[int]:
@@ -642,20 +671,21 @@ def fixed(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
         q, k, v, real, window=window, extra=(k_span, span_values, has),
         extra_rule=rule, block=t, layout='bnhd')
   # Direct keys drop after the joint softmax, summaries do not: two calls
-  # under one softmax (`_joint`, heads-major).
-  hm = _heads_major
-  direct = Keys(hm(k), hm(v), real, GroupRule(block_size, 1,
-                                              'le' if causal else 'all'))
-  spans = Keys(hm(k_span), hm(span_values), has, rule, direct=False)
-  return hm(_joint({'rows': hm(q)}, {'rows': [direct, spans]}, 1, length, t,
-                   dropout_rate, seeds))
+  # under one softmax (`_joint`), over a grid of one row.
+  row = lambda x: x[:, None]
+  direct = Keys(row(k), row(v), row(real),
+                GroupRule(block_size, 1, 'le' if causal else 'all'))
+  spans = Keys(row(k_span), row(span_values), row(has), rule, direct=False)
+  return _joint({'rows': row(q)}, {'rows': [direct, spans]}, t,
+                dropout_rate, seeds)[:, 0]
 
 
 # -- Combiner-Axial ----------------------------------------------------------
 
 
 class _Grid(NamedTuple):
-  """Heads-major grid arrays `[B, H, n, m, d]` and `real` `[B, n, m]`."""
+  """Grid arrays `[B, n, m, H, d]` (the model's layout in rows of m) and
+  `real` `[B, n, m]`."""
   q: Array
   k: Array
   v: Array
@@ -664,82 +694,118 @@ class _Grid(NamedTuple):
   real: Array
 
 
-def _spans(g: _Grid, axis: int, reverse: bool, pool: str, t: int,
+def grid_shape(length: int, *, row_length: int, offset: int,
+               widths: tuple[int, ...], dtype,
+               block: Optional[int] = None) -> tuple[int, int]:
+  """The grid (rows, columns) the kernels run `length` positions on, after
+  `offset` leading cells, in rows of `row_length`: each axis a multiple of
+  the largest tile its passes may take (`tile`), so that no pass pads its
+  lines. The columns beyond `row_length` (a row shorter than a tile) and
+  the rows beyond the sequence hold no real token."""
+  rows = -(-(offset + length) // row_length)
+  whole = lambda size: -(-size // tile(size, widths, dtype, block)) * tile(
+      size, widths, dtype, block)
+  return whole(rows), whole(row_length)
+
+
+def axial_length(length: int, *, row_length: int, offset: int,
+                 head_dim: int, dtype, block: Optional[int] = None) -> int:
+  """The length a layer pads its input to, once, so that `axial`'s grid
+  only reshapes it (and puts the `offset` leading cells before it): whole
+  rows of `grid_shape`; `head_dim` the queries' and values' width, `dtype`
+  the queries'."""
+  rows, _ = grid_shape(length, row_length=row_length, offset=offset,
+                       widths=(head_dim,), dtype=dtype, block=block)
+  return rows * row_length - offset
+
+
+def _to_grid(x: Array, offset: int, row_length: int, rows: int,
+             columns: int) -> Array:
+  """`[B, N, ...]` -> `[B, rows, columns, ...]`: `offset` leading cells,
+  the sequence in rows of `row_length`, zeros after it."""
+  back = rows * row_length - offset - x.shape[1]
+  if offset or back:
+    x = jnp.pad(x, [(0, 0), (offset, back)] + [(0, 0)] * (x.ndim - 2))
+  x = x.reshape(x.shape[0], rows, row_length, *x.shape[2:])
+  if columns > row_length:
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, columns - row_length)]
+                + [(0, 0)] * (x.ndim - 3))
+  return x
+
+
+def _from_grid(x: Array, offset: int, row_length: int, length: int
+               ) -> Array:
+  """`_to_grid`'s inverse: `[B, rows, columns, ...]` -> `[B, length,
+  ...]`."""
+  x = x[:, :, :row_length]
+  x = x.reshape(x.shape[0], x.shape[1] * row_length, *x.shape[3:])
+  return x[:, offset:offset + length]
+
+
+def _spans(g: _Grid, axis: int, reverse: bool, pool: str, largest: int,
            dropout_rate: float, seeds: Seeds) -> tuple[Array, Array, Array]:
-  """Prefix (suffix) spans along the grid's `axis` (2: up a column, 3: left
+  """Prefix (suffix) spans along the grid's `axis` (1: up a column, 2: left
   in a row), excluding the position itself.
 
   Returns:
-    (abstraction keys `[B, H, n, m, d]`, local expectations `[B, H, n, m,
+    (abstraction keys `[B, n, m, H, d]`, local expectations `[B, n, m, H,
     dv]`, has a member `[B, n, m]`).
   """
-  member = g.real[:, None, :, :, None]
+  member = g.real[..., None, None]
   q_span, _ = combiner_spans.prefix_pool(g.pq, member, axis=axis,
                                          kind=pool, reverse=reverse)
   k_span, has = combiner_spans.prefix_pool(g.pk, member, axis=axis,
                                            kind=pool, reverse=reverse)
   n, m = g.real.shape[1:]
-  rule = 'gt' if reverse else 'lt'
+  layout = 'cols' if axis == 1 else 'rows'
+  keys = Keys(g.k, g.v, g.real, GroupRule(_line(layout, n, m), 1,
+                                          'gt' if reverse else 'lt'))
   seed = seeds.next() if dropout_rate else None
-  if axis == 2:  # Along a column: column-major.
-    keys = Keys(_cols(g.k), _cols(g.v), _flag_cols(g.real),
-                GroupRule(n, 1, rule))
-    out = _flash_attend(_cols(q_span), keys, t, dropout_rate, seed)
-    b, h = out.shape[:2]
-    out = jnp.swapaxes(out.reshape(b, h, m, n, -1), 2, 3)
-  else:
-    keys = Keys(_rows(g.k), _rows(g.v), _flag_rows(g.real),
-                GroupRule(m, 1, rule))
-    out = _flash_attend(_rows(q_span), keys, t, dropout_rate, seed)
-    out = out.reshape(*out.shape[:2], n, m, -1)
-  return k_span, out, has[:, 0, :, :, 0]
+  out = _attend(q_span, keys, layout, largest, dropout_rate, seed)
+  return k_span, out, has[..., 0, 0]
 
 
-def _vertical_summaries(spans: Callable[..., Any], m: int, causal: bool
-                        ) -> Keys:
+def _vertical_summaries(spans: Callable[..., Any], causal: bool) -> Keys:
   """Query (r, c) reaches column c' != c above (below) its row through the
   summary stored at (r, c'): the kinds side by side in each row."""
-  parts = [spans(axis=2, reverse=False)]
+  parts = [spans(axis=1, reverse=False)]
   if not causal:
-    parts.append(spans(axis=2, reverse=True))
-  return Keys(_stack_rows([p[0] for p in parts]),
-              _stack_rows([p[1] for p in parts]),
-              _flag_rows(jnp.stack([p[2] for p in parts], 2)),
-              GroupRule(m, len(parts), 'ne'), direct=False)
+    parts.append(spans(axis=1, reverse=True))
+  row = lambda i: jnp.concatenate([p[i] for p in parts], axis=2)
+  return Keys(row(0), row(1), row(2),
+              GroupRule(parts[0][2].shape[2], len(parts), 'ne'),
+              direct=False)
 
 
-def _horizontal_summaries(spans: Callable[..., Any], n: int, causal: bool
-                          ) -> Keys:
+def _horizontal_summaries(spans: Callable[..., Any], causal: bool) -> Keys:
   """Query (r, c) reaches row r' != r (LM: r' < r) left (right) of its
-  column through the summary stored at (r', c)."""
-  parts = [spans(axis=3, reverse=False), spans(axis=3, reverse=True)]
-  return Keys(_stack_cols([p[0] for p in parts]),
-              _stack_cols([p[1] for p in parts]),
-              _flag_rows(jnp.stack([jnp.swapaxes(p[2], 1, 2)
-                                    for p in parts], 2)),
-              GroupRule(n, 2, 'lt' if causal else 'ne'), direct=False)
+  column through the summary stored at (r', c): the kinds one after the
+  other in each column."""
+  parts = [spans(axis=2, reverse=False), spans(axis=2, reverse=True)]
+  column = lambda i: jnp.concatenate([p[i] for p in parts], axis=1)
+  return Keys(column(0), column(1), column(2),
+              GroupRule(parts[0][2].shape[1], 2, 'lt' if causal else 'ne'),
+              direct=False)
 
 
-def _rowmajor_summaries(g: _Grid, row_queries: Array, row_keys: Keys,
-                        summary_key: Callable[[Array], Array], causal: bool,
-                        t: int, dropout_rate: float, seeds: Seeds) -> Keys:
+def _rowmajor_summaries(g: _Grid, summary_key: Callable[[Array], Array],
+                        causal: bool, largest: int, dropout_rate: float,
+                        seeds: Seeds) -> Keys:
   """Rowmajor's summaries: full attention inside each row (its local
   expectation for every column), keyed by the learned abstraction keys
-  (Flax, in the mechanism)."""
+  (Flax, in the mechanism); row r's is stored in every column at row r."""
   n, m = g.real.shape[1:]
-  full_rows = row_keys._replace(rule=GroupRule(m, 1, 'all'))
-  row_out = _flash_attend(row_queries, full_rows, t, dropout_rate,
-                          seeds.next() if dropout_rate else None)
-  row_out = row_out.reshape(*g.q.shape[:4], -1)
-  key = _grid_heads(summary_key(jnp.transpose(row_out, (0, 2, 3, 1, 4))))
+  row_out = _attend(g.q, Keys(g.k, g.v, g.real, GroupRule(m, 1, 'all')),
+                    'rows', largest, dropout_rate,
+                    seeds.next() if dropout_rate else None)
   has = jnp.broadcast_to(jnp.any(g.real, axis=2)[:, :, None], g.real.shape)
-  return Keys(_cols(key), _cols(row_out), _flag_cols(has),
+  return Keys(summary_key(row_out), row_out, has,
               GroupRule(n, 1, 'lt' if causal else 'ne'), direct=False)
 
 
 def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
           plan: str, row_length: int, offset: int, causal: bool, pool: str,
-          summary_key: Optional[Callable[[Array], Array]] = None,
+          summary_key: Optional[Callable[..., Array]] = None,
           mixture_mode: Optional[str] = None, dropout_rate: float = 0.0,
           dropout_seed: Optional[Array] = None,
           block: Optional[int] = None) -> Array:
@@ -756,8 +822,10 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
     offset: leading grid cells before the sequence (prefix tokens).
     causal: LM form.
     pool: 'max' or 'mean' (not used by rowmajor).
-    summary_key: rowmajor only: row outputs on the grid `[B, n, m, H, dv]`
-      -> their learned abstraction keys `[B, n, m, H, d]`.
+    summary_key: rowmajor only: `summary_key(row_out, grid)`: the row
+      outputs on the grid `[B, n, m, H, dv]` -> their learned abstraction
+      keys `[B, n, m, H, d]`, where `grid` puts a `[B, length, ...]` array
+      on the same grid.
     mixture_mode: mixture only: 'average' or 'joint_softmax'.
     dropout_rate: attention dropout (0: none).
     dropout_seed: uint32 or int32 scalar, with dropout.
@@ -766,34 +834,36 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   Returns:
     `[batch, length, heads, dv]`; padded queries are not zeroed.
   """
-  grid = lambda a: combiner_spans.to_grid(a, offset, row_length)
-  g = _Grid(_grid_heads(grid(q)), _grid_heads(grid(k)), _grid_heads(grid(v)),
-            None, None, grid(real))
-  g = g._replace(pq=g.q if pq is q else _grid_heads(grid(pq)),
-                 pk=g.k if pk is k else _grid_heads(grid(pk)))
-  n, m = g.real.shape[1:]
-  t = tile(n * m, (g.q.shape[4], g.v.shape[4]), g.q.dtype, block)
+  widths = (q.shape[3], v.shape[3])
+  rows, columns = grid_shape(real.shape[1], row_length=row_length,
+                             offset=offset, widths=widths, dtype=q.dtype,
+                             block=block)
+  grid = lambda a: _to_grid(a, offset, row_length, rows, columns)
+  g = _Grid(grid(q), grid(k), grid(v), None, None, grid(real))
+  g = g._replace(pq=g.q if pq is q else grid(pq),
+                 pk=g.k if pk is k else grid(pk))
+  largest = tile(max(rows, columns), widths, q.dtype, block)
   seeds = Seeds(dropout_seed if dropout_rate else None)
-  spans = functools.partial(_spans, g, pool=pool, t=t,
+  spans = functools.partial(_spans, g, pool=pool, largest=largest,
                             dropout_rate=dropout_rate, seeds=seeds)
-  row_keys = Keys(_rows(g.k), _rows(g.v), _flag_rows(g.real),
-                  GroupRule(m, 1, 'le' if causal else 'all'))
-  col_keys = Keys(_cols(g.k), _cols(g.v), _flag_cols(g.real),
-                  GroupRule(n, 1, 'lt' if causal else 'ne'))
-  queries = {'rows': _rows(g.q), 'cols': _cols(g.q)}
+  row_keys = Keys(g.k, g.v, g.real,
+                  GroupRule(columns, 1, 'le' if causal else 'all'))
+  col_keys = Keys(g.k, g.v, g.real,
+                  GroupRule(rows, 1, 'lt' if causal else 'ne'))
 
-  joint = lambda keys: _joint({layout: queries[layout] for layout in keys},
-                              keys, n, m, t, dropout_rate, seeds)
+  joint = lambda keys: _joint({layout: g.q for layout in keys}, keys,
+                              largest, dropout_rate, seeds)
 
-  vertical = lambda: _vertical_summaries(spans, m, causal)
-  horizontal = lambda: _horizontal_summaries(spans, n, causal)
+  vertical = lambda: _vertical_summaries(spans, causal)
+  horizontal = lambda: _horizontal_summaries(spans, causal)
   if plan == 'vertical':
     out = joint({'rows': [row_keys, vertical()], 'cols': [col_keys]})
   elif plan == 'horizontal':
     out = joint({'rows': [row_keys], 'cols': [col_keys, horizontal()]})
   elif plan == 'rowmajor':
-    summaries = _rowmajor_summaries(g, queries['rows'], row_keys, summary_key,
-                                    causal, t, dropout_rate, seeds)
+    summaries = _rowmajor_summaries(
+        g, lambda row_out: summary_key(row_out, grid), causal, largest,
+        dropout_rate, seeds)
     out = joint({'rows': [row_keys], 'cols': [summaries]})
   elif plan == 'mixture':
     v_spans, h_spans = vertical(), horizontal()
@@ -804,5 +874,4 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
                    + joint({'rows': [row_keys], 'cols': [col_keys, h_spans]}))
   else:
     raise ValueError(f'Unknown axial plan {plan!r}.')
-  out = jnp.transpose(out.reshape(*g.q.shape[:4], -1), (0, 2, 3, 1, 4))
-  return combiner_spans.from_grid(out, offset, real.shape[1])
+  return _from_grid(out, offset, row_length, real.shape[1])

@@ -236,7 +236,13 @@ class Extra(NamedTuple):
 class _Static(NamedTuple):
   """Everything static about one call. `layout`: of the sequence operands
   (queries, keys, values, the output and their gradients), 'bhnd' `[batch,
-  heads, n, d]` or 'bnhd' `[batch, n, heads, d]`."""
+  heads, n, d]` or 'bnhd' `[batch, n, heads, d]`.
+
+  `fold` (with 'bnhd' only): the call's batch rows that one array row
+  holds side by side along its heads axis. An operand `[rows, n, fold *
+  heads, d]` is then a call over `rows * fold` batch rows (row b * fold + f
+  reads heads f * heads ...): a grid `[B, n, m, H, d]` viewed as `[B, n, m
+  * H, d]` is a call over its B * m columns, with no transposed copy."""
   window: Optional[Window]
   extra: Optional[Extra]
   block: int
@@ -244,20 +250,24 @@ class _Static(NamedTuple):
   dropout_rate: float = 0.0
   extra_mass: bool = False
   layout: str = 'bhnd'
+  fold: int = 1
 
 
 LAYOUTS = ('bhnd', 'bnhd')
 
 
-def _dims(x, layout: str) -> tuple[int, int, int, int]:
-  """(batch, heads, n, d) of a sequence operand in `layout`."""
+def _dims(x, layout: str, fold: int = 1) -> tuple[int, int, int, int]:
+  """(batch, heads, n, d) of a sequence operand in `layout` (`_Static`'s
+  `fold`)."""
   b, a, c, d = x.shape
-  return (b, a, c, d) if layout == 'bhnd' else (b, c, a, d)
+  return (b, a, c, d) if layout == 'bhnd' else (b * fold, c // fold, a, d)
 
 
-def _seq_shape(batch: int, heads: int, n: int, d: int, layout: str
-               ) -> tuple[int, int, int, int]:
-  return (batch, heads, n, d) if layout == 'bhnd' else (batch, n, heads, d)
+def _seq_shape(batch: int, heads: int, n: int, d: int, layout: str,
+               fold: int = 1) -> tuple[int, int, int, int]:
+  if layout == 'bhnd':
+    return (batch, heads, n, d)
+  return (batch // fold, n, heads * fold, d)
 
 
 # Part tags of the keep mask's hash: sequence keys and extra keys.
@@ -847,17 +857,29 @@ INTERPRET_TPU_FORM = False
 def _relaid(fn, relayout):
   """`fn` (a call in the 'bhnd' layout) as a function of 'bnhd' operands:
   the flagged arguments and outputs (`relayout` = (argument flags, output
-  flags)) swap their sequence and head axes around it; `fn` itself without
-  `relayout`."""
+  flags, fold)) swap their sequence and head axes around it (with a
+  `fold`, `[rows, n, fold * heads, d]` <-> `[rows * fold, heads, n, d]`);
+  `fn` itself without `relayout`."""
   if relayout is None:
     return fn
-  arg_flags, out_flags = relayout
-  swap = lambda x: jnp.swapaxes(x, 1, 2)
+  arg_flags, out_flags, fold = relayout
+
+  def swap(x):  # [rows, n, fold * heads, d] -> [rows * fold, heads, n, d]
+    rows, n, heads, d = x.shape
+    x = x.reshape(rows, n, fold, heads // fold, d)
+    return jnp.transpose(x, (0, 2, 3, 1, 4)).reshape(
+        rows * fold, heads // fold, n, d)
+
+  def unswap(x):  # The inverse.
+    batch, heads, n, d = x.shape
+    x = x.reshape(batch // fold, fold, heads, n, d)
+    return jnp.transpose(x, (0, 3, 1, 2, 4)).reshape(
+        batch // fold, n, fold * heads, d)
 
   def run(*args):
     outs = fn(*[swap(a) if f else a for a, f in zip(args, arg_flags)])
     single = not isinstance(outs, (list, tuple))
-    swapped = [swap(o) if f else o
+    swapped = [unswap(o) if f else o
                for o, f in zip([outs] if single else outs, out_flags)]
     return swapped[0] if single else type(outs)(swapped)
   return run
@@ -886,20 +908,34 @@ def on_every_platform(call, launch: Launch = Launch(), relayout=None):
   return run
 
 
-def _tile_spec(t: int, d: int, chunks: int = 1, layout: str = 'bhnd'):
+def _folded(fold: int, heads: int):
+  """(array row, heads-axis index) of the call's (batch row, head) under a
+  'bnhd' `fold` (`_Static`)."""
+  if fold == 1:
+    return lambda b, h: (b, h)
+  return lambda b, h: (lax.div(b, fold), lax.rem(b, fold) * heads + h)
+
+
+def _tile_spec(t: int, d: int, chunks: int = 1, layout: str = 'bhnd',
+               fold: int = 1, heads: int = 1):
   """A tile of `t` rows of one (batch, head): tile x of the grid's last
   axis, or x // chunks where it runs over tiles x chunks."""
   tile = (lambda x: x) if chunks == 1 else (lambda x: lax.div(x, chunks))
   if layout == 'bnhd':
+    at = _folded(fold, heads)
     return pl.BlockSpec((None, t, None, d),
-                        lambda b, h, x: (b, tile(x), h, 0))
+                        lambda b, h, x: (at(b, h)[0], tile(x), at(b, h)[1],
+                                         0))
   return pl.BlockSpec((None, None, t, d), lambda b, h, x: (b, h, tile(x), 0))
 
 
-def _whole_spec(n: int, d: int, layout: str = 'bhnd'):
+def _whole_spec(n: int, d: int, layout: str = 'bhnd', fold: int = 1,
+                heads: int = 1):
   """All `n` rows of one (batch, head)."""
   if layout == 'bnhd':
-    return pl.BlockSpec((None, n, None, d), lambda b, h, x: (b, 0, h, 0))
+    at = _folded(fold, heads)
+    return pl.BlockSpec((None, n, None, d),
+                        lambda b, h, x: (at(b, h)[0], 0, at(b, h)[1], 0))
   return pl.BlockSpec((None, None, n, d), lambda b, h, x: (b, h, 0, 0))
 
 
@@ -951,10 +987,12 @@ class _Whole(NamedTuple):
   tpu_bytes: int  # VMEM of those buffers.
 
   @classmethod
-  def of(cls, arrays, t: int, layout: str = 'bhnd') -> '_Whole':
+  def of(cls, arrays, t: int, layout: str = 'bhnd', fold: int = 1,
+         heads: int = 1) -> '_Whole':
     direct, scratch, nbytes = [], [], 0
     for x in arrays:
-      direct.append(_whole_spec(_dims(x, layout)[2], x.shape[3], layout))
+      direct.append(_whole_spec(_dims(x, layout, fold)[2], x.shape[3],
+                                layout, fold, heads))
       scratch += [pltpu.VMEM((2, t, x.shape[3]), x.dtype),
                   pltpu.SemaphoreType.DMA((2,))]
       nbytes += vmem_bytes((2, t, x.shape[3]), x.dtype, buffers=1)
@@ -981,7 +1019,8 @@ def _key_args(static: _Static, window_args, extra_args):
     arrays += [k, v]
     flag_specs.append(_flags_spec(*flags.shape[1:]))
     nbytes += vmem_bytes(flags.shape[1:], flags.dtype)
-  return (args, _Whole.of(arrays, static.block, static.layout), flag_specs,
+  return (args, _Whole.of(arrays, static.block, static.layout, static.fold,
+                          static.heads), flag_specs,
           nbytes)
 
 
@@ -995,7 +1034,7 @@ def _key_specs(whole: _Whole, flag_specs: list, params) -> list:
 
 
 def _sizes(static: _Static, q, window_args, extra_args):
-  n = lambda x: _dims(x, static.layout)[2]
+  n = lambda x: _dims(x, static.layout, static.fold)[2]
   nk = n(window_args[0]) if window_args is not None else 0
   nm = n(extra_args[0]) if extra_args is not None else 0
   return n(q), nk, nm
@@ -1013,7 +1052,9 @@ def _key_flags(static: _Static) -> list:
 
 def _relayout(static: _Static, args: list, outs: list):
   """`on_every_platform`'s `relayout` of a call in `static.layout`."""
-  return (args, outs) if static.layout == 'bnhd' else None
+  if static.layout != 'bnhd':
+    return None
+  return (args, outs, getattr(static, 'fold', 1))
 
 
 def _seed_args(static: _Static, seed):
@@ -1030,8 +1071,17 @@ def _layout_of(static: _Static, params) -> str:
   return 'bhnd' if _is_tpu(params) else static.layout
 
 
+def _specs_of(static: _Static, params):
+  """`_tile_spec` for the layout a call's kernel reads (`_layout_of`),
+  with its fold (none in the TPU form, which `_relaid` unfolds)."""
+  lay = _layout_of(static, params)
+  fold = static.fold if lay == 'bnhd' else 1
+  return lay, functools.partial(_tile_spec, layout=lay, fold=fold,
+                                heads=static.heads)
+
+
 def _forward(static: _Static, seed, q, window_args, extra_args):
-  batch, heads, nq, d = _dims(q, static.layout)
+  batch, heads, nq, d = _dims(q, static.layout, static.fold)
   _, nk, nm = _sizes(static, q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
@@ -1047,15 +1097,16 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
   def call(params, interpret):
     kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
                                nm=nm, streamed=_is_tpu(params))
-    lay = _layout_of(static, params)
+    lay, seq_spec = _specs_of(static, params)
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
-        in_specs=seed_specs + [_tile_spec(t, d, layout=lay)]
+        in_specs=seed_specs + [seq_spec(t, d)]
         + _key_specs(whole, flag_specs, params),
-        out_specs=[_tile_spec(t, v_dim, layout=lay)]
+        out_specs=[seq_spec(t, v_dim)]
         + [_tile_spec(t, 1)] * stats,
         out_shape=[jax.ShapeDtypeStruct(
-            _seq_shape(batch, heads, nq, v_dim, lay), q.dtype)]
+            _seq_shape(batch, heads, nq, v_dim, lay,
+                       static.fold if lay == 'bnhd' else 1), q.dtype)]
         + [jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)] * stats,
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret,
@@ -1068,7 +1119,7 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
 
 def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
               d_out):
-  batch, heads, nq, d = _dims(q, static.layout)
+  batch, heads, nq, d = _dims(q, static.layout, static.fold)
   _, nk, nm = _sizes(static, q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
@@ -1084,17 +1135,16 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   def dq_call(params, interpret):
     kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
                                nm=nm, streamed=_is_tpu(params))
-    lay = _layout_of(static, params)
+    lay, seq_spec = _specs_of(static, params)
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
-        in_specs=seed_specs + [_tile_spec(t, d, layout=lay),
-                               _tile_spec(t, v_dim, layout=lay),
-                               _tile_spec(t, v_dim, layout=lay),
-                               _tile_spec(t, 1)]
+        in_specs=seed_specs + [seq_spec(t, d), seq_spec(t, v_dim),
+                               seq_spec(t, v_dim), _tile_spec(t, 1)]
         + _key_specs(whole, flag_specs, params),
-        out_specs=[_tile_spec(t, d, layout=lay), _tile_spec(t, 1)],
+        out_specs=[seq_spec(t, d), _tile_spec(t, 1)],
         out_shape=[jax.ShapeDtypeStruct(
-            _seq_shape(batch, heads, nq, d, lay), q.dtype),
+            _seq_shape(batch, heads, nq, d, lay,
+                       static.fold if lay == 'bnhd' else 1), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
@@ -1107,7 +1157,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   # The dK / dV kernels read the statistics of each query tile as a row.
   rows = lambda x: x.reshape(batch, heads, nq // t, t)
   lse_rows, delta_rows = rows(lse), rows(delta)
-  queries = _Whole.of([q, d_out], t, static.layout)
+  queries = _Whole.of([q, d_out], t, static.layout, static.fold, heads)
   grads = []
   for rule, tag, group in ((static.window, WINDOW_PART, window_args),
                            (static.extra, EXTRA_PART, extra_args)):
@@ -1115,7 +1165,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       grads.append(None)
       continue
     k, v, flags = group
-    n = _dims(k, static.layout)[2]
+    n = _dims(k, static.layout, static.fold)[2]
     columns = flags.reshape(batch, n, 1)
     launch = Launch(
         queries.tpu_bytes + 2 * vmem_bytes((nq // t, t), jnp.float32)
@@ -1130,20 +1180,19 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
                                  tag=tag, nq=nq, streamed=_is_tpu(params),
                                  chunks=chunks, chunk_tiles=chunk_tiles)
-      lay = _layout_of(static, params)
+      lay, seq_spec = _specs_of(static, params)
       # Partial sums per chunk in float32, added below.
       out = lambda a: jax.ShapeDtypeStruct(
-          _seq_shape(batch, heads, n * chunks, a.shape[3], lay),
+          _seq_shape(batch, heads, n * chunks, a.shape[3], lay,
+                     static.fold if lay == 'bnhd' else 1),
           a.dtype if chunks == 1 else jnp.float32)
       return pl.pallas_call(
           kernel, grid=(batch, heads, (n // t) * chunks),
           in_specs=seed_specs + queries.specs(params) + [
               _rows_spec(nq // t, t), _rows_spec(nq // t, t),
-              _tile_spec(t, k.shape[3], chunks, lay),
-              _tile_spec(t, v.shape[3], chunks, lay),
+              seq_spec(t, k.shape[3], chunks), seq_spec(t, v.shape[3], chunks),
               _column_spec(t, chunks), _valid_tiles_spec(n // t, params)],
-          out_specs=[_tile_spec(t, k.shape[3], layout=lay),
-                     _tile_spec(t, v.shape[3], layout=lay)],
+          out_specs=[seq_spec(t, k.shape[3]), seq_spec(t, v.shape[3])],
           out_shape=[out(k), out(v)],
           scratch_shapes=queries.scratch_shapes(params),
           compiler_params=params, interpret=interpret,
@@ -1164,12 +1213,13 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
 def _chunk_total(g: Array, a: Array, chunks: int, t: int, layout: str
                  ) -> Array:
   """The float32 partial sums `g` (per key tile, `chunks` blocks of `t`
-  rows) added up, as `a` (its shape and dtype)."""
-  batch, heads, n, d = _dims(a, layout)
+  rows) added up, as `a` (its shape and dtype; 'bnhd' with any fold)."""
   if layout == 'bhnd':
+    batch, heads, n, d = a.shape
     g = g.reshape(batch, heads, n // t, chunks, t, d).sum(3)
   else:
-    g = g.reshape(batch, n // t, chunks, t, heads, d).sum(2)
+    rows, n, heads, d = a.shape
+    g = g.reshape(rows, n // t, chunks, t, heads, d).sum(2)
   return g.reshape(a.shape).astype(a.dtype)
 
 

@@ -203,16 +203,17 @@ def test_dropout_drops_every_effective_weight_once(kw, causal):
       assert r.size == 0 or np.ptp(r) < 1e-4
 
 
-def _dense_joint(queries, keys, n, m, rate, seed):
-  """`fused._joint` in plain XLA: every pass's scores in row-major query
-  order, one softmax, flash's keep masks on the direct keys (the calls'
-  seeds drawn in `_joint`'s order)."""
+def _dense_joint(queries, keys, rate, seed):
+  """`fused._joint` in plain XLA on the grid `[B, n, m, H, d]`: every
+  pass's scores, one softmax, flash's keep masks on the direct keys (the
+  calls' seeds drawn in `_joint`'s order; a row pass's batch row is b * n
+  + r and its query the column c, a column pass's b * m + c and r)."""
   seeds = fused.Seeds(seed)
-  size = n * m
-  i = jnp.arange(size)
-  b = jnp.arange(queries['rows'].shape[0])[:, None, None, None]
-  h = jnp.arange(HEADS)[None, :, None, None]
-  logits, valid, values, keeps = [], [], [], []
+  batch, n, m, heads = next(iter(queries.values())).shape[:4]
+  idx = lambda size, axis: jnp.arange(size).reshape(
+      [size if a == axis else 1 for a in range(5)])
+  b, r, c, h = idx(batch, 0), idx(n, 1), idx(m, 2), idx(heads, 3)
+  logits, valid, apply, keeps = [], [], [], []
   for layout in ('rows', 'cols'):
     sets = keys.get(layout, [])
     order = [[s for s in sets if s.direct], [s for s in sets if not s.direct]]
@@ -221,79 +222,91 @@ def _dense_joint(queries, keys, n, m, rate, seed):
         continue
       pass_seed = seeds.next() if group[0].direct else None
       for part, s in enumerate(group):
-        # Query position of row-major query i in this layout.
-        pos = i if layout == 'rows' else (i % m) * n + i // m
-        j = jnp.arange(s.k.shape[2])
-        q = queries[layout][:, :, pos]
-        logits.append(jnp.einsum('bhqd,bhkd->bhqk', q, s.k))
-        valid.append(s.rule.mask(pos[:, None], j[None, :])[None, None]
-                     & s.valid[:, None, None, :])
-        values.append(s.v)
+        q = queries[layout]
+        if layout == 'rows':  # Keys s.k[b, r, j].
+          size = s.k.shape[2]
+          j = idx(size, 4)
+          logits.append(jnp.einsum('brchd,brjhd->brchj', q, s.k))
+          valid.append(s.rule.mask(c, j) & s.valid[:, :, None, None, :])
+          apply.append(lambda p, s=s: jnp.einsum('brchj,brjhd->brchd', p,
+                                                  s.v))
+          line_row, query = b * n + r, c
+        else:  # Keys s.k[b, j, c].
+          size = s.k.shape[1]
+          j = idx(size, 4)
+          logits.append(jnp.einsum('brchd,bjchd->brchj', q, s.k))
+          valid.append(s.rule.mask(r, j)
+                       & jnp.swapaxes(s.valid, 1, 2)[:, None, :, None, :])
+          apply.append(lambda p, s=s: jnp.einsum('brchj,bjchd->brchd', p,
+                                                  s.v))
+          line_row, query = b * m + c, r
         keeps.append(
-            flash.keep_mask(pass_seed, b, h, pos[None, None, :, None],
-                            j[None, None, None, :], part, HEADS, rate)
-            if pass_seed is not None else None)
+            flash.keep_mask(pass_seed, line_row, h, query, j, part, HEADS,
+                            rate) if pass_seed is not None else None)
+  shapes = [l.shape for l in logits]
+  valid = [jnp.broadcast_to(v, sh) for v, sh in zip(valid, shapes)]
   s = jnp.concatenate(logits, -1)
   ok = jnp.concatenate(valid, -1)
   top = jax.lax.stop_gradient(jnp.max(jnp.where(ok, s, -jnp.inf), -1,
                                       keepdims=True))
   p = jnp.where(ok, jnp.exp(s - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
   p = p / jnp.maximum(p.sum(-1, keepdims=True), 1e-30)
-  keep = jnp.concatenate([
-      jnp.ones(l.shape, bool) if kp is None
-      else jnp.broadcast_to(kp, l.shape) for kp, l in zip(keeps, logits)], -1)
-  scale = jnp.concatenate([jnp.full(l.shape[-1:], 1.0 if kp is None
-                                    else 1 / (1 - rate))
-                           for kp, l in zip(keeps, logits)])
-  p = jnp.where(keep, p * scale, 0.0)
-  return jnp.einsum('bhqk,bhkd->bhqd', p, jnp.concatenate(values, 2))
+  out, start = 0.0, 0
+  for sh, kp, f in zip(shapes, keeps, apply):
+    part = p[..., start:start + sh[-1]]
+    start += sh[-1]
+    if kp is not None:
+      part = jnp.where(jnp.broadcast_to(kp, sh), part / (1 - rate), 0.0)
+    out = out + f(part)
+  return out
 
 
-def test_joint_with_dropout_equals_dense_formula_with_gradients():
+@pytest.mark.parametrize('form', ['interpreter', 'tpu'])
+def test_joint_with_dropout_equals_dense_formula_with_gradients(
+    form, monkeypatch):
   """Rows pass: direct row keys (dropped) and two kinds of summaries per
   row (not dropped); columns pass: the column without the query (dropped)
-  and one summary kind (not dropped)."""
+  and one summary kind (not dropped). Lines of 5 and 6 positions: each
+  pass pads its lines to its tile. In the kernels' plain interpreted form
+  (the one Triton runs), which reads the columns through its BlockSpecs,
+  and in their TPU form, which gets them transposed (`flash._relaid`)."""
+  monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', form == 'tpu')
   n, m, d = 6, 5, 8
-  size = n * m
   ks = iter(jax.random.split(jax.random.PRNGKey(5), 12))
   rnd = lambda *shape: jax.random.normal(next(ks), shape)
-  real = np.ones((2, size), bool)
+  real = np.ones((2, n * m), bool)
   real[1, 7:13] = False
   real[0, -4:] = False
-  has = np.random.RandomState(0).rand(2, 2 * size) > 0.3
-  cols_real = np.asarray(real).reshape(2, n, m).transpose(0, 2, 1).reshape(
-      2, size)
-  q_rows = 0.5 * rnd(2, HEADS, size, d)
-  arrays = [rnd(2, HEADS, size, d), rnd(2, HEADS, size, d),
-            rnd(2, HEADS, 2 * size, d), rnd(2, HEADS, 2 * size, d),
-            rnd(2, HEADS, size, d), rnd(2, HEADS, size, d),
-            rnd(2, HEADS, size, d), rnd(2, HEADS, size, d)]
+  real = jnp.asarray(real.reshape(2, n, m))
+  has = np.random.RandomState(0).rand(2, n, 2 * m) > 0.3
+  q_grid = 0.5 * rnd(2, n, m, HEADS, d)
+  grid = lambda *lines: rnd(2, *lines, HEADS, d)
+  arrays = [grid(n, m), grid(n, m), grid(n, 2 * m), grid(n, 2 * m),
+            grid(n, m), grid(n, m), grid(n, m), grid(n, m)]
 
   def keys(a):
     G = fused.GroupRule
-    return {'rows': [fused.Keys(a[0], a[1], jnp.asarray(real), G(m, 1, 'all')),
+    return {'rows': [fused.Keys(a[0], a[1], real, G(m, 1, 'all')),
                      fused.Keys(a[2], a[3], jnp.asarray(has), G(m, 2, 'ne'),
                                 direct=False)],
-            'cols': [fused.Keys(a[4], a[5], jnp.asarray(cols_real),
-                                G(n, 1, 'ne')),
-                     fused.Keys(a[6], a[7], jnp.asarray(has[:, :size]),
+            'cols': [fused.Keys(a[4], a[5], real, G(n, 1, 'ne')),
+                     fused.Keys(a[6], a[7], jnp.asarray(has[:, :, :m]),
                                 G(n, 1, 'lt'), direct=False)]}
 
   rate, seed = 0.25, jnp.uint32(11)
-  kernel = lambda q, *a: fused._joint(
-      {'rows': q, 'cols': fused._cols_of_rows(q, n, m)}, keys(a), n, m,
-      BLOCK, rate, fused.Seeds(seed))
-  dense = lambda q, *a: _dense_joint(
-      {'rows': q, 'cols': fused._cols_of_rows(q, n, m)}, keys(a), n, m,
-      rate, seed)
-  out = jax.jit(kernel)(q_rows, *arrays)
-  np.testing.assert_allclose(out, dense(q_rows, *arrays), rtol=1e-5,
-                             atol=1e-5)
+  kernel = lambda q, *a: fused._joint({'rows': q, 'cols': q}, keys(a), BLOCK,
+                                      rate, fused.Seeds(seed))
+  dense = lambda q, *a: _dense_joint({'rows': q, 'cols': q}, keys(a), rate,
+                                     seed)
+  out = jax.jit(kernel)(q_grid, *arrays)
+  want = dense(q_grid, *arrays)
+  assert float(jnp.abs(want).max()) > 0.1
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
   cot = rnd(*out.shape)
   argnums = tuple(range(9))
   loss = lambda f: lambda *a: jnp.sum(f(*a) * cot)
-  got = jax.jit(jax.grad(loss(kernel), argnums))(q_rows, *arrays)
-  want = jax.grad(loss(dense), argnums)(q_rows, *arrays)
+  got = jax.jit(jax.grad(loss(kernel), argnums))(q_grid, *arrays)
+  want = jax.grad(loss(dense), argnums)(q_grid, *arrays)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
 
