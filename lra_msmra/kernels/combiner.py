@@ -82,6 +82,7 @@ from lra_msmra.kernels import combiner_spans
 from lra_msmra.kernels import flash
 from lra_msmra.kernels import mesh as mesh_lib
 from lra_msmra.kernels import safe_softmax
+from lra_msmra.kernels import span_pools
 
 # flash's kernels with other mask rules and merged softmaxes (see the module
 # docstring), and the mechanism's pooling and grid helpers.
@@ -218,15 +219,57 @@ class GroupRule(NamedTuple):
     per_member = valid.reshape(batch, groups, self.kinds, self.queries).astype(
         jnp.int32).sum(2)
     total = per_member.sum(-1, keepdims=True)
-    inclusive = jnp.cumsum(per_member, -1)
-    count = {'all': total + 0 * per_member,
-             'ne': total - per_member,
-             'le': inclusive,
-             'lt': inclusive - per_member,
-             'gt': total - inclusive}[self.relation]
-    seen = (count > 0).reshape(batch, groups * self.queries)
+    # The first and last members with a valid key (reductions, no scan).
+    member = lax.broadcasted_iota(jnp.int32, per_member.shape, 2)
+    first = jnp.min(jnp.where(per_member > 0, member, self.queries), -1,
+                    keepdims=True)
+    last = jnp.max(jnp.where(per_member > 0, member, -1), -1, keepdims=True)
+    seen = {'all': total + 0 * per_member > 0,
+            'ne': total - per_member > 0,
+            'le': first <= member,
+            'lt': first < member,
+            'gt': last > member}[self.relation]
+    seen = seen.reshape(batch, groups * self.queries)
     return jnp.pad(seen, [(0, 0), (0, max(queries - seen.shape[1], 0))]
                    )[:, :queries]
+
+
+class Sides(NamedTuple):
+  """A line's prefix and suffix spans in one call: queries 0..q-1 see the
+  keys strictly before their own position ('lt'), queries q..2q-1 (the
+  same positions again) the keys strictly after it ('gt').
+
+  A flash mask rule (`GroupRule`'s protocol). Each query's keys, and each
+  key's queries, are one interval whose ends never decrease
+  (`intervals`): a key j is seen by queries j+1 .. q+j-1.
+  """
+  queries: int
+
+  def intervals(self) -> bool:
+    return True
+
+  def _own(self, i: Array) -> tuple[Array, Array]:
+    upper = i >= self.queries
+    return upper, jnp.where(upper, i - self.queries, i)
+
+  def visible_counts(self, i: Array, n: int) -> Array:
+    upper, c = self._own(i)
+    return jnp.where(upper, jnp.clip(n - c - 1, 0, n), jnp.minimum(c, n))
+
+  def mask(self, i: Array, j: Array) -> Array:
+    upper, c = self._own(i)
+    return jnp.where(upper, j > c, j < c)
+
+  def key_range(self, i0: Array, i1: Array, n: int) -> tuple[Array, Array]:
+    q = self.queries
+    lo = jnp.where(i0 < q, 0, i0 - q + 1)
+    hi = jnp.where(i1 >= q, n, i1)
+    return jnp.clip(lo, 0, n), jnp.clip(hi, 0, n)
+
+  def query_range(self, j0: Array, j1: Array, n: int) -> tuple[Array, Array]:
+    q = self.queries
+    return (jnp.clip(jnp.minimum(j0 + 1, q), 0, n),
+            jnp.clip(q + jnp.minimum(j1, q), 0, n))
 
 
 # -- flash's kernels over the lines of a grid --------------------------------
@@ -394,7 +437,8 @@ def _pass(layout: str, window: Keys, extra: Optional[Keys], q: Array,
   b, n, m, heads = q.shape[:4]
   axis = 2 if layout == 'rows' else 1
   line = _line(layout, n, m)
-  largest = flash.tile_size(line, largest)  # No tile beyond the line.
+  # No tile beyond the line or its keys.
+  largest = flash.tile_size(min(line, window.k.shape[axis]), largest)
   t = flash.fitted_block(
       window.rule, extra.rule if extra is not None else None, largest, line,
       window.k.shape[axis], extra.k.shape[axis] if extra is not None else 0,
@@ -742,35 +786,59 @@ def _from_grid(x: Array, offset: int, row_length: int, length: int
   return x[:, offset:offset + length]
 
 
-def _spans(g: _Grid, axis: int, reverse: bool, pool: str, largest: int,
-           dropout_rate: float, seeds: Seeds) -> tuple[Array, Array, Array]:
-  """Prefix (suffix) spans along the grid's `axis` (1: up a column, 2: left
-  in a row), excluding the position itself.
+def _spans(g: _Grid, axis: int, both: bool, pool: str, largest: int,
+           dropout_rate: float, seeds: Seeds
+           ) -> list[tuple[Array, Array, Array]]:
+  """The prefix spans along the grid's `axis` (1: up a column, 2: left in
+  a row), excluding the position itself, and with `both` the suffix spans
+  too: their local expectations in one flash call (`Sides`).
 
   Returns:
-    (abstraction keys `[B, n, m, H, d]`, local expectations `[B, n, m, H,
-    dv]`, has a member `[B, n, m]`).
+    per kind (prefix, then suffix): (abstraction keys `[B, n, m, H, d]`,
+    local expectations `[B, n, m, H, dv]`, has a member `[B, n, m]`).
   """
-  member = g.real[..., None, None]
-  q_span, _ = combiner_spans.prefix_pool(g.pq, member, axis=axis,
-                                         kind=pool, reverse=reverse)
-  k_span, has = combiner_spans.prefix_pool(g.pk, member, axis=axis,
-                                           kind=pool, reverse=reverse)
   n, m = g.real.shape[1:]
   layout = 'cols' if axis == 1 else 'rows'
-  keys = Keys(g.k, g.v, g.real, GroupRule(_line(layout, n, m), 1,
-                                          'gt' if reverse else 'lt'))
+  line = _line(layout, n, m)
+  directions = span_pools.DIRECTIONS if both else span_pools.DIRECTIONS[:1]
+  # Every pool of the pooled queries and keys in one kernel
+  # (`span_pools`), on the pass's lines as they lie.
+  width = g.pq.shape[-1]
+  pooled = span_pools.pools(
+      tuple(flash._pad(_view(x, layout), 3, _width(width))
+            for x in (g.pq, g.pk)),
+      _flag_view(g.real, layout), kind=pool, directions=directions,
+      heads=g.pq.shape[3], fold=_fold(layout, m))
+  pooled = [_unview(x, layout, n, m)[..., :width] for x in pooled]
+  pools = [(pooled[k], pooled[len(directions) + k],
+            _has_member(g.real, axis, direction))
+           for k, direction in enumerate(directions)]
+  rule = Sides(line) if both else GroupRule(line, 1, 'lt')
+  queries = jnp.concatenate([p[0] for p in pools], axis=axis)
   seed = seeds.next() if dropout_rate else None
-  out = _attend(q_span, keys, layout, largest, dropout_rate, seed)
-  return k_span, out, has[..., 0, 0]
+  out = _attend(queries, Keys(g.k, g.v, g.real, rule), layout, largest,
+                dropout_rate, seed)
+  outs = jnp.split(out, len(pools), axis=axis)
+  return [(k_span, o, has) for (_, k_span, has), o in zip(pools, outs)]
+
+
+def _has_member(real: Array, axis: int, direction: str) -> Array:
+  """bool `[B, n, m]`: whether a position's prefix (suffix) span along
+  `axis` holds a real member: it lies after the first (before the last)
+  real one."""
+  index = lax.broadcasted_iota(jnp.int32, real.shape, axis)
+  size = real.shape[axis]
+  if direction == 'prefix':
+    first = jnp.min(jnp.where(real, index, size), axis=axis, keepdims=True)
+    return index > first
+  last = jnp.max(jnp.where(real, index, -1), axis=axis, keepdims=True)
+  return index < last
 
 
 def _vertical_summaries(spans: Callable[..., Any], causal: bool) -> Keys:
   """Query (r, c) reaches column c' != c above (below) its row through the
   summary stored at (r, c'): the kinds side by side in each row."""
-  parts = [spans(axis=1, reverse=False)]
-  if not causal:
-    parts.append(spans(axis=1, reverse=True))
+  parts = spans(axis=1, both=not causal)
   row = lambda i: jnp.concatenate([p[i] for p in parts], axis=2)
   return Keys(row(0), row(1), row(2),
               GroupRule(parts[0][2].shape[2], len(parts), 'ne'),
@@ -781,7 +849,7 @@ def _horizontal_summaries(spans: Callable[..., Any], causal: bool) -> Keys:
   """Query (r, c) reaches row r' != r (LM: r' < r) left (right) of its
   column through the summary stored at (r', c): the kinds one after the
   other in each column."""
-  parts = [spans(axis=2, reverse=False), spans(axis=2, reverse=True)]
+  parts = spans(axis=2, both=True)
   column = lambda i: jnp.concatenate([p[i] for p in parts], axis=1)
   return Keys(column(0), column(1), column(2),
               GroupRule(parts[0][2].shape[1], 2, 'lt' if causal else 'ne'),
