@@ -28,17 +28,19 @@ Covered (`check` refuses the rest at construction):
   each a flash kernel with a `GroupRule` mask within the line. Their
   outputs and log-sum-exps are merged per query (`_joint`), and the
   backward pass runs each pass's flash backward kernels with the merged
-  output and log-sum-exp, which is the gradient of the one joint softmax. The local expectations of the vertical (column
-  above / below) and horizontal (row left / right) spans are themselves
-  attentions with strict prefix or suffix masks (`GroupRule` 'lt' / 'gt'),
-  one flash call each; rowmajor's row summaries are a flash call over full
+  output and log-sum-exp, which is the gradient of the one joint softmax.
+  The local expectations of the vertical (column above / below) and
+  horizontal (row left / right) spans are themselves attentions with
+  strict prefix or suffix masks, both directions of a line in one flash
+  call (`Sides`), their pooled queries and keys one kernel on GPUs
+  (`span_pools`); rowmajor's row summaries are a flash call over full
   rows, its learned summary key stays in the mechanism (Flax). Mixture's
   'joint_softmax' is one joint softmax over both plans' summaries (the
   vertical ones stored in rows, the horizontal ones in columns); 'average'
   is the mean of two.
 
 Everything else (projections, DeepSets maps, the grid and its padding,
-pooling) is the mechanism's own code, so variables and the function are
+Fixed's pooling, the span pools on TPUs) is the mechanism's own code, so variables and the function are
 those of `'xla'`. The layer sows nothing in either implementation.
 
 Attention dropout as in 'xla' (docs/mechanisms/combiner.md §3, item 6): every
@@ -257,8 +259,10 @@ class Sides(NamedTuple):
     return jnp.where(upper, jnp.clip(n - c - 1, 0, n), jnp.minimum(c, n))
 
   def mask(self, i: Array, j: Array) -> Array:
+    # Logical operations only: Mosaic does not select between boolean
+    # vectors.
     upper, c = self._own(i)
-    return jnp.where(upper, j > c, j < c)
+    return (upper & (j > c)) | (~upper & (j < c))
 
   def key_range(self, i0: Array, i1: Array, n: int) -> tuple[Array, Array]:
     q = self.queries
