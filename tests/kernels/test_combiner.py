@@ -101,6 +101,27 @@ def test_layer_equals_xla_with_gradients(cid, kw, causal):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
 
 
+def test_grid_of_three_tiles_equals_xla_with_gradients():
+  """100 tokens in rows of 3: 34 rows padded to 48 (three 16-row tiles,
+  not a power of two), 3 columns padded to a 16-column tile; both span
+  directions in one call and the span pools along 48-position lines."""
+  kw, causal, length = dict(variant='mixture', row_length=3,
+                            mixture_mode='joint_softmax'), False, 100
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, length, FEATURES))
+  mask = helpers.padding_mask(length)[:2]
+  params = helpers.random_biases(_layer('xla', causal, **kw).init(
+      jax.random.PRNGKey(1), x, padding_mask=mask)['params'])
+  cot = jax.random.normal(jax.random.PRNGKey(2), (2, length, FEATURES))
+  assert fused.grid_shape(length, row_length=3, offset=0, widths=(8,),
+                          dtype=jnp.float32) == (48, 16)
+  run = lambda impl: jax.jit(lambda p, a: _value_and_grads(
+      _layer(impl, causal, **kw), p, a, mask, cot))(params, x)
+  (y, grads), (y_ref, grads_ref) = run('pallas'), run('xla')
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
+
+
 @pytest.mark.parametrize('cid,kw,causal', [CASES[0], CASES[3]],
                          ids=[CASES[0][0], CASES[3][0]])
 def test_bfloat16_tracks_float32(cid, kw, causal):
