@@ -25,7 +25,8 @@ Operands are flash's 'bnhd' sequence operands `[rows, L, fold * H, d]`
 so the kernels read the model's layout, with no transposed copy, on GPUs
 and in Pallas' interpreter on the CPU. Mosaic's loads and stores are whole
 (8, 128) tiles, and a sweep reads one position at a time, so TPUs keep
-XLA's pools (`combiner_spans.prefix_pool`, through `lax.platform_dependent`).
+XLA's pools (`combiner_spans.prefix_pool`, through `lax.platform_dependent`;
+on the CPU too under `flash.INTERPRET_TPU_FORM`).
 """
 
 from __future__ import annotations
@@ -200,9 +201,10 @@ def _pools_fwd(static, xs, valid):
                              length=length)
   call = _call(kernel, static, len(xs), outputs, rows, width, length,
                'combiner_span_pools')
+  tpu = lambda *a: _xla_pools(static, a[:-1], valid)
   out = lax.platform_dependent(
-      *xs, _flags(valid), cuda=call(False), rocm=call(False),
-      tpu=lambda *a: _xla_pools(static, a[:-1], valid), default=call(True))
+      *xs, _flags(valid), cuda=call(False), rocm=call(False), tpu=tpu,
+      default=tpu if flash.INTERPRET_TPU_FORM else call(True))
   return out, (xs, valid, out)
 
 
@@ -228,7 +230,7 @@ def _pools_bwd(static, residuals, d_out):
                  for g in grads for k in range(kinds))
   grads = lax.platform_dependent(
       *xs, *out, *d_out, _flags(valid), cuda=call(False), rocm=call(False),
-      tpu=tpu, default=call(True))
+      tpu=tpu, default=tpu if flash.INTERPRET_TPU_FORM else call(True))
   d_xs = tuple(functools.reduce(jnp.add, grads[a * kinds:(a + 1) * kinds])
                for a in range(len(xs)))
   return d_xs, None
