@@ -40,8 +40,9 @@ Covered (`check` refuses the rest at construction):
   is the mean of two.
 
 Everything else (projections, DeepSets maps, the grid and its padding,
-Fixed's pooling, the span pools on TPUs) is the mechanism's own code, so variables and the function are
-those of `'xla'`. The layer sows nothing in either implementation.
+Fixed's pooling, the span pools on TPUs) is the mechanism's own code, so
+variables and the function are those of `'xla'`. The layer sows nothing in
+either implementation.
 
 Attention dropout as in 'xla' (docs/mechanisms/combiner.md §3, item 6): every
 effective weight passes through one mask, direct weights after the joint
@@ -750,10 +751,10 @@ def grid_shape(length: int, *, row_length: int, offset: int,
   the largest tile its passes may take (`tile`), so that no pass pads its
   lines. The columns beyond `row_length` (a row shorter than a tile) and
   the rows beyond the sequence hold no real token."""
-  rows = -(-(offset + length) // row_length)
-  whole = lambda size: -(-size // tile(size, widths, dtype, block)) * tile(
-      size, widths, dtype, block)
-  return whole(rows), whole(row_length)
+  def whole(size: int) -> int:  # Whole tiles.
+    t = tile(size, widths, dtype, block)
+    return -(-size // t) * t
+  return whole(-(-(offset + length) // row_length)), whole(row_length)
 
 
 def axial_length(length: int, *, row_length: int, offset: int,
@@ -765,29 +766,6 @@ def axial_length(length: int, *, row_length: int, offset: int,
   rows, _ = grid_shape(length, row_length=row_length, offset=offset,
                        widths=(head_dim,), dtype=dtype, block=block)
   return rows * row_length - offset
-
-
-def _to_grid(x: Array, offset: int, row_length: int, rows: int,
-             columns: int) -> Array:
-  """`[B, N, ...]` -> `[B, rows, columns, ...]`: `offset` leading cells,
-  the sequence in rows of `row_length`, zeros after it."""
-  back = rows * row_length - offset - x.shape[1]
-  if offset or back:
-    x = jnp.pad(x, [(0, 0), (offset, back)] + [(0, 0)] * (x.ndim - 2))
-  x = x.reshape(x.shape[0], rows, row_length, *x.shape[2:])
-  if columns > row_length:
-    x = jnp.pad(x, [(0, 0), (0, 0), (0, columns - row_length)]
-                + [(0, 0)] * (x.ndim - 3))
-  return x
-
-
-def _from_grid(x: Array, offset: int, row_length: int, length: int
-               ) -> Array:
-  """`_to_grid`'s inverse: `[B, rows, columns, ...]` -> `[B, length,
-  ...]`."""
-  x = x[:, :, :row_length]
-  x = x.reshape(x.shape[0], x.shape[1] * row_length, *x.shape[3:])
-  return x[:, offset:offset + length]
 
 
 def _spans(g: _Grid, axis: int, both: bool, pool: str, largest: int,
@@ -910,7 +888,8 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
   rows, columns = grid_shape(real.shape[1], row_length=row_length,
                              offset=offset, widths=widths, dtype=q.dtype,
                              block=block)
-  grid = lambda a: _to_grid(a, offset, row_length, rows, columns)
+  grid = lambda a: combiner_spans.to_grid(a, offset, row_length, rows,
+                                          columns)
   g = _Grid(grid(q), grid(k), grid(v), None, None, grid(real))
   g = g._replace(pq=g.q if pq is q else grid(pq),
                  pk=g.k if pk is k else grid(pk))
@@ -946,4 +925,4 @@ def axial(q: Array, k: Array, v: Array, pq: Array, pk: Array, real: Array, *,
                    + joint({'rows': [row_keys], 'cols': [col_keys, h_spans]}))
   else:
     raise ValueError(f'Unknown axial plan {plan!r}.')
-  return _from_grid(out, offset, row_length, real.shape[1])
+  return combiner_spans.from_grid(out, offset, real.shape[1], row_length)

@@ -8,7 +8,7 @@ real members of a span or of every prefix (suffix) of an axis, and the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 from jax import lax
@@ -75,16 +75,31 @@ def prefix_pool(x: Array, valid: Array, axis: int, kind: str, reverse: bool
   return jnp.where(has, pooled, 0).astype(x.dtype), has
 
 
-def to_grid(x: Array, offset: int, row_length: int) -> Array:
-  """`[B, N, ...]` -> `[B, n, m, ...]`: `offset` leading and trailing zeros."""
+def to_grid(x: Array, offset: int, row_length: int,
+            rows: Optional[int] = None, columns: Optional[int] = None
+            ) -> Array:
+  """`[B, N, ...]` -> `[B, rows, columns, ...]`: `offset` leading cells,
+  the sequence in rows of `row_length`, zeros after it. `rows`: at least
+  those the sequence fills (None: those); `columns`: at least
+  `row_length` (None: it), the added ones empty."""
   length = x.shape[1]
-  rows = -(-(offset + length) // row_length)
-  pad = [(0, 0), (offset, rows * row_length - offset - length)]
-  x = jnp.pad(x, pad + [(0, 0)] * (x.ndim - 2))
-  return x.reshape(x.shape[0], rows, row_length, *x.shape[2:])
+  if rows is None:
+    rows = -(-(offset + length) // row_length)
+  back = rows * row_length - offset - length
+  if offset or back:
+    x = jnp.pad(x, [(0, 0), (offset, back)] + [(0, 0)] * (x.ndim - 2))
+  x = x.reshape(x.shape[0], rows, row_length, *x.shape[2:])
+  if columns is not None and columns > row_length:
+    x = jnp.pad(x, [(0, 0), (0, 0), (0, columns - row_length)]
+                + [(0, 0)] * (x.ndim - 3))
+  return x
 
 
-def from_grid(x: Array, offset: int, length: int) -> Array:
-  """Inverse of `_to_grid`: `[B, n, m, ...]` -> `[B, length, ...]`."""
+def from_grid(x: Array, offset: int, length: int,
+              row_length: Optional[int] = None) -> Array:
+  """Inverse of `to_grid`: `[B, n, m, ...]` -> `[B, length, ...]`;
+  `row_length`: the columns that hold the sequence (None: all m)."""
+  if row_length is not None and x.shape[2] > row_length:
+    x = x[:, :, :row_length]
   x = x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
   return x[:, offset:offset + length]

@@ -1072,12 +1072,14 @@ def _layout_of(static: _Static, params) -> str:
 
 
 def _specs_of(static: _Static, params):
-  """`_tile_spec` for the layout a call's kernel reads (`_layout_of`),
-  with its fold (none in the TPU form, which `_relaid` unfolds)."""
+  """`_tile_spec` and `_seq_shape` for the layout a call's kernel reads
+  (`_layout_of`), with its fold (none in the TPU form, which `_relaid`
+  unfolds)."""
   lay = _layout_of(static, params)
   fold = static.fold if lay == 'bnhd' else 1
-  return lay, functools.partial(_tile_spec, layout=lay, fold=fold,
-                                heads=static.heads)
+  return (functools.partial(_tile_spec, layout=lay, fold=fold,
+                            heads=static.heads),
+          functools.partial(_seq_shape, layout=lay, fold=fold))
 
 
 def _forward(static: _Static, seed, q, window_args, extra_args):
@@ -1097,7 +1099,7 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
   def call(params, interpret):
     kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
                                nm=nm, streamed=_is_tpu(params))
-    lay, seq_spec = _specs_of(static, params)
+    seq_spec, seq_shape = _specs_of(static, params)
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [seq_spec(t, d)]
@@ -1105,8 +1107,7 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
         out_specs=[seq_spec(t, v_dim)]
         + [_tile_spec(t, 1)] * stats,
         out_shape=[jax.ShapeDtypeStruct(
-            _seq_shape(batch, heads, nq, v_dim, lay,
-                       static.fold if lay == 'bnhd' else 1), q.dtype)]
+            seq_shape(batch, heads, nq, v_dim), q.dtype)]
         + [jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)] * stats,
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret,
@@ -1135,7 +1136,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   def dq_call(params, interpret):
     kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
                                nm=nm, streamed=_is_tpu(params))
-    lay, seq_spec = _specs_of(static, params)
+    seq_spec, seq_shape = _specs_of(static, params)
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [seq_spec(t, d), seq_spec(t, v_dim),
@@ -1143,8 +1144,7 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
         + _key_specs(whole, flag_specs, params),
         out_specs=[seq_spec(t, d), _tile_spec(t, 1)],
         out_shape=[jax.ShapeDtypeStruct(
-            _seq_shape(batch, heads, nq, d, lay,
-                       static.fold if lay == 'bnhd' else 1), q.dtype),
+            seq_shape(batch, heads, nq, d), q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret, name='flash_window_dq')
@@ -1180,11 +1180,10 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
       kernel = functools.partial(_dkv_kernel, static=static, rule=rule,
                                  tag=tag, nq=nq, streamed=_is_tpu(params),
                                  chunks=chunks, chunk_tiles=chunk_tiles)
-      lay, seq_spec = _specs_of(static, params)
+      seq_spec, seq_shape = _specs_of(static, params)
       # Partial sums per chunk in float32, added below.
       out = lambda a: jax.ShapeDtypeStruct(
-          _seq_shape(batch, heads, n * chunks, a.shape[3], lay,
-                     static.fold if lay == 'bnhd' else 1),
+          seq_shape(batch, heads, n * chunks, a.shape[3]),
           a.dtype if chunks == 1 else jnp.float32)
       return pl.pallas_call(
           kernel, grid=(batch, heads, (n // t) * chunks),

@@ -89,8 +89,8 @@ def _forward_kernel(*refs, static: _Static, count: int, length: int):
 
 
 def _backward_kernel(*refs, static: _Static, count: int, length: int):
-  """Per operand and direction, the gradient (one output each: XLA adds
-  a operand's directions, so no output is read back here)."""
+  """Per operand and direction, the gradient (one output each: `_pools_bwd`
+  adds an operand's directions, so no output is read back here)."""
   kinds = len(static.directions)
   xs = refs[:count]
   pooled = refs[count:count + count * kinds]
@@ -150,7 +150,7 @@ def _call(kernel, static: _Static, inputs: int, outputs: list, rows: int,
   batch = rows * static.fold
   spec = flash._tile_spec(length, width, layout='bnhd', fold=static.fold,
                           heads=static.heads)
-  flag_spec = pl.BlockSpec((None, length, 1), lambda b, h, x: (b, 0, 0))
+  flag_spec = flash._column_spec(length)
   launch = flash.Launch(tile=flash.MIN_BLOCK, width=width, warps=1,
                         stages=1)
 
@@ -220,20 +220,26 @@ def _pools_bwd(static, residuals, d_out):
   call = _call(kernel, static, len(xs) + 2 * len(out), outputs, rows, width,
                length, 'combiner_span_pools_grad')
 
+  def kernels(interpret):
+    """Each operand's gradient: the sum of the kernel's per direction."""
+    run = call(interpret)
+
+    def grads(*arrays):
+      per_direction = run(*arrays)
+      return tuple(functools.reduce(jnp.add,
+                                    per_direction[a * kinds:(a + 1) * kinds])
+                   for a in range(len(xs)))
+    return grads
+
   def tpu(*arrays):
-    operands = arrays[:len(xs)]
-    _, vjp = jax.vjp(lambda *a: _xla_pools(static, a, valid), *operands)
-    grads = vjp(d_out)
-    # One gradient per operand and direction, as the kernel gives them:
-    # the operand's whole gradient first, zeros for its other directions.
-    return tuple(g if k == 0 else jnp.zeros_like(g)
-                 for g in grads for k in range(kinds))
-  grads = lax.platform_dependent(
-      *xs, *out, *d_out, _flags(valid), cuda=call(False), rocm=call(False),
-      tpu=tpu, default=tpu if flash.INTERPRET_TPU_FORM else call(True))
-  d_xs = tuple(functools.reduce(jnp.add, grads[a * kinds:(a + 1) * kinds])
-               for a in range(len(xs)))
-  return d_xs, None
+    _, vjp = jax.vjp(lambda *a: _xla_pools(static, a, valid),
+                     *arrays[:len(xs)])
+    return vjp(d_out)
+  d_xs = lax.platform_dependent(
+      *xs, *out, *d_out, _flags(valid), cuda=kernels(False),
+      rocm=kernels(False), tpu=tpu,
+      default=tpu if flash.INTERPRET_TPU_FORM else kernels(True))
+  return tuple(d_xs), None
 
 
 _pools.defvjp(_pools_fwd, _pools_bwd)
