@@ -41,11 +41,14 @@ are written. The backward pass recomputes the tiles from them: one kernel
 for dQ (looping over the keys each query tile sees; it also computes delta
 = rowsum(dO * O) per query tile) and one for dK / dV of the sequence keys
 and of the extra keys (looping over the query tiles that see each key
-tile). The loops visit only the key tiles inside the window, so a banded
-window costs O(N (w + extras)) instead of O(N^2). Inside a loop, a tile
-whose every (query, key) pair the rule lets through and whose keys are all
-valid (`_full_tiles`, `valid_tiles`) takes a body without the mask
-arithmetic; boundary tiles take the masked one. Exponentials are exp2,
+tile). Where the window is tile-local (`tile_local`: each query tile sees
+keys of its own tile only), the dQ kernel also computes that tile's window
+dK / dV, from the same scores (5 products per tile, not 7, and no dK / dV
+kernel for the window). The loops visit only the key tiles inside the
+window, so a banded window costs O(N (w + extras)) instead of O(N^2).
+Inside a loop, a tile whose every (query, key) pair the rule lets through
+and whose keys are all valid (`_full_tiles`, `valid_tiles`) takes a body
+without the mask arithmetic; boundary tiles take the masked one. Exponentials are exp2,
 log2(e) folded into the multiply-add that subtracts the running maximum;
 the log-sum-exp the kernels write is natural.
 
@@ -547,17 +550,25 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
 
 
 def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
-               streamed: bool = False):
+               streamed: bool = False, fused: bool = False):
   """One query tile's dQ: recompute its weights from the log-sum-exp.
   Also writes the tile's delta (rowsum(dO * O), which the dK / dV kernels
-  read)."""
+  read).
+
+  With `fused` (a tile-local window, `tile_local`), the window's keys and
+  values come as this tile's block, and the kernel also writes their dK and
+  dV: the tile's five products (S, dP, dV, dK, dQ), where the split passes
+  take seven."""
   refs = list(refs)
   seed_ref = refs.pop(0) if static.dropout_rate else None
   q_ref, do_ref, o_ref, lse_ref = refs[:4]
   refs = refs[4:]
   parts = _parts(static, refs, nk, nm)
-  scratch = _scratch(refs, 2 * len(parts), streamed)
-  dq_ref, delta_ref = refs
+  scratch = _scratch(refs, 2 * (len(parts) - fused), streamed)
+  if fused:
+    dq_ref, delta_ref, dk_ref, dv_ref = refs
+  else:
+    dq_ref, delta_ref = refs
   stream = _stream(static, seed_ref)
   t = static.block
   i0 = pl.program_id(2) * t
@@ -583,6 +594,21 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
                       _iota((t, t), 1, tile * t))
       return jnp.where(ok, p, 0.0)
 
+    if fused and p_index == 0:
+      # The window's one key tile, the query tile's own: its keys' dK and
+      # dV from the same weights (products contracting the query axis).
+      tile = pl.program_id(2)
+      k, v = k_ref[...], v_ref[...]
+      p = _per_tile(rule, full, tile, full_ref[0, tile], weights, tile,
+                    dot(q, k, 1, 1))
+      drop = _dropper(static, stream, tag, q_ids, _iota((1, t), 1, tile * t))
+      ds = p * (drop(dot(do, v, 1, 1)) - delta)
+      dq = dq + dot(ds.astype(k.dtype), k, 1, 0)
+      dv_ref[...] = dot(drop(p).astype(do.dtype), do, 0, 0).astype(
+          dv_ref.dtype)
+      dk_ref[...] = dot(ds.astype(q.dtype), q, 0, 0).astype(dk_ref.dtype)
+      continue
+
     def body(tile, kv, dq, rule=rule, tag=tag, weights=weights, full=full,
              full_ref=full_ref):
       k, v = kv
@@ -592,8 +618,8 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
                      _iota((1, t), 1, tile * t))(dot(do, v, 1, 1))
       ds = p * (d_p - delta)
       return dq + dot(ds.astype(k.dtype), k, 1, 0)
-    rows = _Rows([k_ref, v_ref],
-                 scratch and scratch[2 * p_index:2 * p_index + 2], t)
+    at = 2 * (p_index - fused)  # Its streaming buffers (TPU).
+    rows = _Rows([k_ref, v_ref], scratch and scratch[at:at + 2], t)
     first, last = _tiles(*rule.key_range(i0, i0 + t - 1, n), t)
     dq = rows.loop(first, last, body, dq)
   dq_ref[...] = dq.astype(dq_ref.dtype)
@@ -1006,9 +1032,11 @@ class _Whole(NamedTuple):
     return tuple(self.scratch) if _is_tpu(params) else ()
 
 
-def _key_args(static: _Static, window_args, extra_args):
+def _key_args(static: _Static, window_args, extra_args,
+              tiled_window: bool = False):
   """The (k, v, flags, valid tiles) operands, window first; the keys and
-  values as `_Whole` operands, and the flags' specs and VMEM."""
+  values as `_Whole` operands (but the window's with `tiled_window`, which
+  a call reads as tiles: `_key_specs`), and the flags' specs and VMEM."""
   args, arrays, flag_specs, nbytes = [], [], [], 0
   for part, group in ((static.window, window_args),
                       (static.extra, extra_args)):
@@ -1016,7 +1044,8 @@ def _key_args(static: _Static, window_args, extra_args):
       continue
     k, v, flags = group
     args += [k, v, flags, valid_tiles(flags)]
-    arrays += [k, v]
+    if not (tiled_window and part is static.window):
+      arrays += [k, v]
     flag_specs.append(_flags_spec(*flags.shape[1:]))
     nbytes += vmem_bytes(flags.shape[1:], flags.dtype)
   return (args, _Whole.of(arrays, static.block, static.layout, static.fold,
@@ -1024,9 +1053,15 @@ def _key_args(static: _Static, window_args, extra_args):
           nbytes)
 
 
-def _key_specs(whole: _Whole, flag_specs: list, params) -> list:
-  """The specs of `_key_args`'s operands, in their order."""
-  specs, kv = [], whole.specs(params)
+def _key_specs(whole: _Whole, flag_specs: list, params,
+               window_tiles: Optional[list] = None) -> list:
+  """The specs of `_key_args`'s operands, in their order; with
+  `window_tiles` (`_key_args`'s `tiled_window`), those of the window's keys
+  and values."""
+  kv = list(whole.specs(params))
+  if window_tiles is not None:
+    kv = list(window_tiles) + kv
+  specs = []
   for index, flags in enumerate(flag_specs):
     specs += [kv[2 * index], kv[2 * index + 1], flags,
               _valid_tiles_spec(flags.block_shape[1], params)]
@@ -1124,34 +1159,45 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   _, nk, nm = _sizes(static, q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
-  args, whole, flag_specs, flag_bytes = _key_args(static, window_args,
-                                                  extra_args)
+  fused = FUSED_BACKWARD and tile_local(static.window, nq, nk, t)
+  args, whole, flag_specs, flag_bytes = _key_args(
+      static, window_args, extra_args, tiled_window=fused)
   seed_args, seed_specs = _seed_args(static, seed)
   no_seed = [False] * len(seed_args)
+  # With `fused`, the window's key and value tiles and their gradients.
+  own_keys = [] if not fused else [
+      (window_args[0].shape[3], window_args[0].dtype),
+      (window_args[1].shape[3], window_args[1].dtype)]
   launch = Launch(
       whole.tpu_bytes + flag_bytes + 2 * vmem_bytes((t, d), q.dtype)
       + 2 * vmem_bytes((t, v_dim), q.dtype)
-      + 2 * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
+      + 2 * vmem_bytes((t, 1), jnp.float32)
+      + sum(2 * vmem_bytes((t, w), dtype) for w, dtype in own_keys),
+      t, max(d, v_dim))
 
   def dq_call(params, interpret):
     kernel = functools.partial(_dq_kernel, static=static, nq=nq, nk=nk,
-                               nm=nm, streamed=_is_tpu(params))
+                               nm=nm, streamed=_is_tpu(params), fused=fused)
     seq_spec, seq_shape = _specs_of(static, params)
+    tiles = [seq_spec(t, w) for w, _ in own_keys]
     return pl.pallas_call(
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [seq_spec(t, d), seq_spec(t, v_dim),
                                seq_spec(t, v_dim), _tile_spec(t, 1)]
-        + _key_specs(whole, flag_specs, params),
-        out_specs=[seq_spec(t, d), _tile_spec(t, 1)],
+        + _key_specs(whole, flag_specs, params, tiles if fused else None),
+        out_specs=[seq_spec(t, d), _tile_spec(t, 1)] + tiles,
         out_shape=[jax.ShapeDtypeStruct(
             seq_shape(batch, heads, nq, d), q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)],
+                   jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)]
+        + [jax.ShapeDtypeStruct(seq_shape(batch, heads, nq, w), dtype)
+           for w, dtype in own_keys],
         scratch_shapes=whole.scratch_shapes(params),
-        compiler_params=params, interpret=interpret, name='flash_window_dq')
+        compiler_params=params, interpret=interpret,
+        name='flash_window_fused_bwd' if fused else 'flash_window_dq')
   relayout = _relayout(
       static, no_seed + [True, True, True, False] + _key_flags(static),
-      [True, False])
-  d_q, delta = on_every_platform(dq_call, launch, relayout)(
+      [True, False] + [True] * len(own_keys))
+  d_q, delta, *own = on_every_platform(dq_call, launch, relayout)(
       *seed_args, q, d_out, out, lse, *args)
 
   # The dK / dV kernels read the statistics of each query tile as a row.
@@ -1163,6 +1209,9 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
                            (static.extra, EXTRA_PART, extra_args)):
     if rule is None:
       grads.append(None)
+      continue
+    if fused and tag == WINDOW_PART:
+      grads.append(tuple(own))
       continue
     k, v, flags = group
     n = _dims(k, static.layout, static.fold)[2]
@@ -1220,6 +1269,27 @@ def _chunk_total(g: Array, a: Array, chunks: int, t: int, layout: str
     rows, n, heads, d = a.shape
     g = g.reshape(rows, n // t, chunks, t, heads, d).sum(2)
   return g.reshape(a.shape).astype(a.dtype)
+
+
+# The backward pass of a call whose window is tile-local (`tile_local`)
+# fuses the window's dK / dV into the dQ kernel (tests switch it off to
+# compare with the split passes).
+FUSED_BACKWARD = True
+
+
+def tile_local(window, nq: int, nk: int, t: int) -> bool:
+  """Whether every query tile of a call sees window keys of its own tile
+  only (and so every key tile is seen by its own query tile only): the
+  queries and keys are one tile, or the window is segments without margins
+  that tile `t` holds whole. The backward pass then computes the window's
+  dK / dV in the dQ kernel (`_dq_kernel`'s `fused`)."""
+  if window is None or nq != nk:
+    return False
+  if nq == t:
+    return True
+  return (isinstance(window, Window) and window.kind == 'segment'
+          and window.left == 0 and window.right == 0
+          and t % window.size == 0)
 
 
 def query_chunks(programs: int, query_tiles: int) -> tuple[int, int]:

@@ -24,7 +24,10 @@ Per case, in one table:
 * programs per grid: the smallest grid of any kernel, against 2 x the 132
   SMs of an H100 (fewer programs leave SMs idle);
 * matmuls per tile: the most `dot_general`s in one loop body of a kernel,
-  forward / backward (FlashAttention-2 does 2 / 5);
+  forward / backward (FlashAttention-2 does 2 / 5); in the backward, those
+  of the fused kernel of tile-local passes (`flash.tile_local`: dQ, dK and
+  dV of a tile in one kernel) apart from those of the split passes (a dQ
+  kernel and a dK / dV kernel, added up);
 * for the kernels built on `kernels/flash.py` (cst, long_short, every
   combiner variant): key tiles visited against key tiles that hold a key
   some query of the tile sees, and the useful share of computed scores
@@ -82,6 +85,9 @@ TASKS = ('listops', '16k')
 WIDE = {'heads': 4, 'head_dim': 64}
 H100_SMS = 132
 XLA_GLUE = ('transpose', 'pad', 'gather', 'cumsum', 'cummax')
+# The backward kernel of a tile-local flash pass (`flash.tile_local`): dQ,
+# dK and dV of one tile in one kernel.
+FUSED_KERNEL = 'flash_window_fused_bwd'
 DOC_START = '<!-- kernel-work:start -->'
 DOC_END = '<!-- kernel-work:end -->'
 
@@ -228,7 +234,9 @@ def kernels_of(jaxpr) -> list[dict[str, Any]]:
                 'programs': int(np.prod(grid)),
                 'dots': _loop_dots(body),
                 'exp': sorted(prims & {'exp', 'exp2'}),
-                'interior_split': _switches_in_loops(body) > 0})
+                # The fused kernel's one window tile is at its top level.
+                'interior_split': _switches_in_loops(
+                    body, in_loop=name == FUSED_KERNEL) > 0})
   return out
 
 
@@ -471,6 +479,8 @@ def measure(c: Case, compiled_on: Optional[str] = None) -> dict[str, Any]:
                                                         mask).jaxpr
   fwd_kernels, all_kernels = kernels_of(fwd), kernels_of(both)
   bwd_kernels = all_kernels[len(fwd_kernels):]
+  # The passes whose dQ and dK / dV are separate kernels.
+  split = [k for k in bwd_kernels if k['name'] != FUSED_KERNEL]
   glue = glue_of(both, c.batch * c.length * c.head_dim)
   record = dataclasses.asdict(c)
   record.pop('knobs')
@@ -481,10 +491,11 @@ def measure(c: Case, compiled_on: Optional[str] = None) -> dict[str, Any]:
       min_programs=min(k['programs'] for k in all_kernels),
       smallest_grid=min(all_kernels, key=lambda k: k['programs'])['name'],
       dots_forward=max(k['dots'] for k in fwd_kernels),
-      dots_backward=sum(max((k['dots'] for k in bwd_kernels
+      dots_backward=sum(max((k['dots'] for k in split
                              if k['name'] == name), default=0)
-                        for name in dict.fromkeys(k['name']
-                                                  for k in bwd_kernels)),
+                        for name in dict.fromkeys(k['name'] for k in split)),
+      dots_backward_fused=max((k['dots'] for k in bwd_kernels
+                               if k['name'] == FUSED_KERNEL), default=None),
       flash=flash_work(calls),
       exp2_kernels=sum(k['exp'] == ['exp2'] for k in all_kernels
                        if k['exp']),
@@ -506,6 +517,15 @@ def _of(record: dict[str, Any], part: str, whole: str) -> str:
   if whole not in record or not record[whole]:
     return '-'
   return f'{record[part]} of {record[whole]}'
+
+
+def _backward_dots(record: dict[str, Any]) -> str:
+  """Matmuls per backward tile: of the fused kernel of tile-local passes,
+  and of the split passes' dQ and dK / dV kernels together."""
+  fused, split = record.get('dots_backward_fused'), record['dots_backward']
+  if fused is None:
+    return str(split)
+  return f'{fused} fused' + (f', {split} split' if split else '')
 
 
 def table(records: Sequence[dict[str, Any]]) -> str:
@@ -542,7 +562,7 @@ def table(records: Sequence[dict[str, Any]]) -> str:
         f'| {r["variant"]} ({r["task"]}) | {r["length"]:,} | '
         f'{r["kernels_forward"]} / {r["kernels_backward"]} | {glue} | '
         f'{programs:,}{mark} ({r["smallest_grid"]}) | '
-        f'{r["dots_forward"]} / {r["dots_backward"]} | {tiles} | {share} | '
+        f'{r["dots_forward"]} / {_backward_dots(r)} | {tiles} | {share} | '
         f'{_of(r, "exp2_kernels", "exp_kernels")} | '
         f'{_of(r, "split_kernels", "flash_kernels")} |'
         + (f' {r["compiled"]["transpose"]}, {r["compiled"]["pad"]} |'

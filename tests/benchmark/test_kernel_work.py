@@ -1,5 +1,7 @@
 """The kernel work report counts what the kernels compute."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from lra_msmra.kernels import flash
@@ -39,10 +41,12 @@ def test_a_cst_layer_reports_its_kernels_grid_and_shares():
                           heads=2, head_dim=32, batch=2,
                           knobs={'slice_length': 8})
   r = kernel_work.measure(case)
-  # Local and global attention: one forward kernel each; dQ and dK/dV each
-  # in the backward.
-  assert (r['kernels_forward'], r['kernels_backward']) == (2, 4)
+  # Local and global attention: one forward kernel each. In the backward
+  # the local pass, whose slices of 8 fill its 16-token tiles whole, is one
+  # fused kernel of 5 products per tile; the global pass dQ and dK/dV, 3 + 4.
+  assert (r['kernels_forward'], r['kernels_backward']) == (2, 3)
   assert r['dots_forward'] == 2 and r['dots_backward'] == 7
+  assert r['dots_backward_fused'] == 5
   # The tiles fit the pattern and, the grid being small, take the most
   # programs: the local pass's 16-token tiles hold two slices of 8 (half
   # of their scores used), the global pass's 32 slice means two full tiles.
@@ -57,8 +61,14 @@ def test_a_cst_layer_reports_its_kernels_grid_and_shares():
   assert r['glue']['transpose'] == 0 and r['glue']['small'] > 0
   assert r['glue_total'] == sum(r['glue'][op] for op in kernel_work.XLA_GLUE)
   # exp2 everywhere; every flash kernel splits interior tiles off.
-  assert r['exp2_kernels'] == r['exp_kernels'] == 6
-  assert r['split_kernels'] == r['flash_kernels'] == 6
+  assert r['exp2_kernels'] == r['exp_kernels'] == 5
+  assert r['split_kernels'] == r['flash_kernels'] == 5
+  assert kernel_work.FUSED_KERNEL in {
+      k['name'] for k in kernel_work.kernels_of(jax.make_jaxpr(jax.grad(
+          lambda q: flash.flash_attention(
+              q, q, q, jnp.ones((1, 64), bool),
+              window=flash.Window('segment', size=8)).sum())
+      )(jnp.ones((1, 1, 64, 8))).jaxpr)}
 
 
 @pytest.mark.parametrize('variant,knobs', [
@@ -84,9 +94,11 @@ def test_the_table_marks_small_grids():
             'glue': dict.fromkeys(kernel_work.XLA_GLUE, 1), 'glue_total': 5,
             'min_programs': 100, 'smallest_grid': 'k', 'dots_forward': 2,
             'dots_backward': 5, 'flash': None}
-  text = kernel_work.table([record, dict(record, min_programs=264)])
+  text = kernel_work.table([record, dict(record, min_programs=264,
+                                          dots_backward_fused=5)])
   rows = text.splitlines()[2:]
   assert '100 ✗ (k)' in rows[0] and '264 (k)' in rows[1]
+  assert '| 2 / 5 |' in rows[0] and '| 2 / 5 fused, 5 split |' in rows[1]
   assert rows[0].endswith('| - | - |')
 
 

@@ -542,6 +542,73 @@ def test_model_layout_lowers_without_transposes_on_gpu(platform):
   s = jax.ShapeDtypeStruct((batch, length, heads, dim), jnp.bfloat16)
   args = (s, s, s, jax.ShapeDtypeStruct((batch, length), bool))
   text, kernels = _exported(grads, platform, args)
-  assert kernels >= 3, kernels
+  # The forward, and one backward kernel: slices of 8 are tile-local.
+  assert kernels == 2, kernels
   transposes = text.count('stablehlo.transpose')
   assert (transposes == 0) if platform == 'cuda' else (transposes > 0)
+
+
+def test_tile_local_windows():
+  """Tile-local: each query tile sees window keys of its own tile only."""
+  assert flash.tile_local(W('segment', size=8), 64, 64, 16)
+  assert flash.tile_local(W('segment', size=16, causal=True), 64, 64, 16)
+  assert not flash.tile_local(W('segment', size=32), 64, 64, 16)
+  assert not flash.tile_local(W('segment', size=8, left=1), 64, 64, 16)
+  assert not flash.tile_local(W('segment', size=8), 64, 32, 16)
+  assert not flash.tile_local(W('sliding', left=3), 64, 64, 16)
+  # One tile of queries and keys: any rule.
+  assert flash.tile_local(W('sliding', left=3), 16, 16, 16)
+  assert flash.tile_local(GroupRule(8, 2), 16, 16, 16)
+  assert not flash.tile_local(None, 16, 16, 16)
+  # Brute force: no (query, key) pair the rule lets through crosses tiles.
+  n, t = 64, 16
+  i, j = np.meshgrid(np.arange(n), np.arange(n), indexing='ij')
+  for window in (W('segment', size=8), W('segment', size=4, causal=True),
+                 W('segment', size=16)):
+    seen = np.asarray(window.mask(jnp.asarray(i), jnp.asarray(j)))
+    assert flash.tile_local(window, n, n, t)
+    assert not np.any(seen & (i // t != j // t)), window
+
+
+@pytest.mark.parametrize('form', ['interpreter', 'tpu'])
+@pytest.mark.parametrize('cid,window,rule', [
+    ('segment-causal', W('segment', size=8, causal=True), None),
+    ('segment+extra-other', W('segment', size=16, causal=True),
+     E('other_group', key_group=1, query_group=16)),
+    ('one-tile-sliding', W('sliding', left=3), E('all')),
+], ids=str)
+def test_fused_backward_equals_the_split_passes(monkeypatch, form, cid,
+                                                window, rule):
+  """A tile-local window's dK / dV computed in the dQ kernel (one kernel,
+  five products per tile) equal those of the separate dK / dV pass, with
+  dropout, padded keys and the model's layout; the fused kernel is the one
+  that runs."""
+  del cid
+  if form == 'tpu':
+    monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', True)
+  q, k, v, _, kx, vx, _ = _inputs()
+  length = BLOCK if window.kind == 'sliding' else LENGTH
+  q, k, v = (a[:, :, :length] for a in (q, k, v))
+  kernel, _ = _functions(window, rule)
+  if length == BLOCK:  # One tile: its own validity flags.
+    valid = jnp.ones((BATCH, length), bool).at[0, 3].set(False)
+    kernel = lambda q, k, v, kx, vx, **kw: flash.flash_attention(
+        q, k, v, valid, window=window, extra=(kx, vx, jnp.ones(
+            (BATCH, EXTRA), bool)), extra_rule=rule, block=BLOCK, **kw)
+  f = _bnhd(kernel)
+  drop = dict(dropout_rate=0.25, dropout_seed=jnp.int32(5))
+  cot = jax.random.normal(jax.random.PRNGKey(1), q.shape)
+  loss = lambda *a: jnp.sum(f(*a, **drop) * cot)
+  args = (q, k, v, kx, vx)
+  argnums = (0, 1, 2, 3, 4) if rule is not None else (0, 1, 2)
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums))(*args))
+  assert 'flash_window_fused_bwd' in jaxpr
+  # The extra keys' dK / dV keep their own pass.
+  assert ('flash_window_dkv' in jaxpr) == (rule is not None)
+  fused = jax.jit(jax.grad(loss, argnums))(*args)
+  monkeypatch.setattr(flash, 'FUSED_BACKWARD', False)
+  split = jax.jit(jax.grad(loss, argnums))(*args)
+  assert 'flash_window_fused_bwd' not in str(
+      jax.make_jaxpr(jax.grad(loss, argnums))(*args))
+  for a, b in zip(fused, split):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
