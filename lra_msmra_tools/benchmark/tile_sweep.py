@@ -12,7 +12,10 @@ Triton's warps and its pipelining stages) is set in the kernels' tile table
 `--length` tokens, batch 4, 4 heads, over the patterns whose tile is the
 largest one (`PATTERNS`: a full window, bidirectional and causal); beside
 them, cuDNN's fused attention (`jax.nn.dot_product_attention(...,
-implementation='cudnn')`) at the same shape. A candidate that does not
+implementation='cudnn')`) at the same shape, and the tile-local patterns
+of `BACKWARD_PATTERNS` (CST's slices) with the backward fused (one kernel,
+5 products per tile) and split (dQ and dK / dV kernels, 7), which the
+tile choice does not use. A candidate that does not
 compile (shared memory beyond the limit) or fails is recorded and skipped;
 the sweep stops starting candidates at `--budget_s`.
 
@@ -51,6 +54,12 @@ from lra_msmra.kernels import flash
 # (name, window): patterns whose calls run on the largest tile.
 PATTERNS = (('full', flash.Window('full')),
             ('full-causal', flash.Window('full', causal=True)))
+# (name, window): tile-local patterns (`flash.tile_local`: CST's slices),
+# whose backward is timed fused ('flash-fused', the default) and split
+# ('flash-split': `flash.FUSED_BACKWARD` off) at the kernels' own tiles,
+# once per head dim and dtype; not part of the tile choice.
+BACKWARD_PATTERNS = (('segment-8', flash.Window('segment', size=8)),
+                     ('segment-32', flash.Window('segment', size=32)))
 BATCH, HEADS = 4, 4
 
 
@@ -157,6 +166,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
           except Exception as e:  # pylint: disable=broad-except
             record['error'] = f'{type(e).__name__}: {str(e)[:300]}'
           records.append(record)
+      records += _backward_forms(head_dim, dtype_name, inputs, args.repeats)
       for tile, warps, stages in itertools.product(args.tiles, args.warps,
                                                    args.stages):
         if time.time() - start > args.budget_s:
@@ -176,6 +186,30 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
   finally:
     flash.TILE_TABLE = saved
   return {'records': records, 'stopped': None}
+
+
+def _backward_forms(head_dim: int, dtype_name: str, inputs,
+                    repeats: int) -> list[dict[str, Any]]:
+  """The forward and backward pass of each `BACKWARD_PATTERNS` window with
+  its backward fused and split."""
+  records = []
+  saved = flash.FUSED_BACKWARD
+  try:
+    for name, window in BACKWARD_PATTERNS:
+      for fused in (True, False):
+        flash.FUSED_BACKWARD = fused
+        record = {'head_dim': head_dim, 'dtype': dtype_name, 'pattern': name,
+                  'kernel': 'flash-fused' if fused else 'flash-split'}
+        try:
+          record['seconds'] = _median_seconds(_flash_step(window), inputs,
+                                              repeats)
+        except Exception as e:  # pylint: disable=broad-except
+          record['error'] = f'{type(e).__name__}: {str(e)[:300]}'
+        records.append(record)
+        print(json.dumps(record), flush=True)
+  finally:
+    flash.FUSED_BACKWARD = saved
+  return records
 
 
 def best_table(records: Sequence[dict[str, Any]], dtypes: Sequence[str]

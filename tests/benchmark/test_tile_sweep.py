@@ -75,6 +75,13 @@ def test_the_sweep_writes_a_table_the_kernels_read(tmp_path, monkeypatch):
   flash_records = [r for r in result['records'] if r['kernel'] == 'flash']
   assert len(flash_records) == 2 * len(tile_sweep.PATTERNS)
   assert all(r['seconds'] > 0 for r in flash_records)
+  # The tile-local patterns' backward, fused and split.
+  forms = [(r['pattern'], r['kernel']) for r in result['records']
+           if r['kernel'].startswith('flash-') and r['seconds'] > 0]
+  assert sorted(forms) == sorted(
+      (name, kind) for name, _ in tile_sweep.BACKWARD_PATTERNS
+      for kind in ('flash-fused', 'flash-split'))
+  assert flash.FUSED_BACKWARD  # Left as it was.
   table = flash.load_tile_table(str(tmp_path / 'k.json'))
   assert table['max_tile']['16/2'] in (16, 32)
   tile = table['max_tile']['16/2']
