@@ -138,6 +138,19 @@ def _cudnn_step(causal: bool):
   return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
 
+def _timed(record: dict[str, Any], step, inputs, repeats: int,
+           echo: bool = True) -> dict[str, Any]:
+  """`record` with the median seconds of `step(*inputs)`, or the error of
+  a step that does not compile or run."""
+  try:
+    record['seconds'] = _median_seconds(step, inputs, repeats)
+  except Exception as e:  # pylint: disable=broad-except
+    record['error'] = f'{type(e).__name__}: {str(e)[:300]}'
+  if echo:
+    print(json.dumps(record), flush=True)
+  return record
+
+
 def _with_candidate(width: int, dtype: Any, tile: int, warps: int,
                     stages: int) -> dict[str, Any]:
   """A tile table holding only this candidate."""
@@ -158,14 +171,10 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
       inputs = _inputs(args.length, head_dim, dtype)
       if not args.interpret:
         for name, window in PATTERNS:
-          record = {'head_dim': head_dim, 'dtype': dtype_name,
-                    'pattern': name, 'kernel': 'cudnn'}
-          try:
-            record['seconds'] = _median_seconds(
-                _cudnn_step(window.causal), inputs, args.repeats)
-          except Exception as e:  # pylint: disable=broad-except
-            record['error'] = f'{type(e).__name__}: {str(e)[:300]}'
-          records.append(record)
+          records.append(_timed(
+              {'head_dim': head_dim, 'dtype': dtype_name, 'pattern': name,
+               'kernel': 'cudnn'}, _cudnn_step(window.causal), inputs,
+              args.repeats, echo=False))
       records += _backward_forms(head_dim, dtype_name, inputs, args.repeats)
       for tile, warps, stages in itertools.product(args.tiles, args.warps,
                                                    args.stages):
@@ -173,16 +182,11 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
           return {'records': records, 'stopped': 'budget'}
         flash.TILE_TABLE = _with_candidate(width, dtype, tile, warps, stages)
         for name, window in PATTERNS:
-          record = {'head_dim': head_dim, 'dtype': dtype_name,
-                    'pattern': name, 'kernel': 'flash', 'tile': tile,
-                    'warps': warps, 'stages': stages}
-          try:
-            record['seconds'] = _median_seconds(_flash_step(window), inputs,
-                                                args.repeats)
-          except Exception as e:  # pylint: disable=broad-except
-            record['error'] = f'{type(e).__name__}: {str(e)[:300]}'
-          records.append(record)
-          print(json.dumps(record), flush=True)
+          records.append(_timed(
+              {'head_dim': head_dim, 'dtype': dtype_name, 'pattern': name,
+               'kernel': 'flash', 'tile': tile, 'warps': warps,
+               'stages': stages}, _flash_step(window), inputs,
+              args.repeats))
   finally:
     flash.TILE_TABLE = saved
   return {'records': records, 'stopped': None}
@@ -198,15 +202,10 @@ def _backward_forms(head_dim: int, dtype_name: str, inputs,
     for name, window in BACKWARD_PATTERNS:
       for fused in (True, False):
         flash.FUSED_BACKWARD = fused
-        record = {'head_dim': head_dim, 'dtype': dtype_name, 'pattern': name,
-                  'kernel': 'flash-fused' if fused else 'flash-split'}
-        try:
-          record['seconds'] = _median_seconds(_flash_step(window), inputs,
-                                              repeats)
-        except Exception as e:  # pylint: disable=broad-except
-          record['error'] = f'{type(e).__name__}: {str(e)[:300]}'
-        records.append(record)
-        print(json.dumps(record), flush=True)
+        records.append(_timed(
+            {'head_dim': head_dim, 'dtype': dtype_name, 'pattern': name,
+             'kernel': 'flash-fused' if fused else 'flash-split'},
+            _flash_step(window), inputs, repeats))
   finally:
     flash.FUSED_BACKWARD = saved
   return records
