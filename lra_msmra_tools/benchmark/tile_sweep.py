@@ -43,7 +43,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
