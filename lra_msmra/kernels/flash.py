@@ -48,9 +48,9 @@ kernel for the window). The loops visit only the key tiles inside the
 window, so a banded window costs O(N (w + extras)) instead of O(N^2).
 Inside a loop, a tile whose every (query, key) pair the rule lets through
 and whose keys are all valid (`_full_tiles`, `valid_tiles`) takes a body
-without the mask arithmetic; boundary tiles take the masked one. Exponentials are exp2,
-log2(e) folded into the multiply-add that subtracts the running maximum;
-the log-sum-exp the kernels write is natural.
+without the mask arithmetic; boundary tiles take the masked one.
+Exponentials are exp2, log2(e) folded into the multiply-add that subtracts
+the running maximum; the log-sum-exp the kernels write is natural.
 
 Platforms: the same kernel body is lowered with Triton on NVIDIA GPUs and
 with Mosaic on TPUs, and runs in Pallas' interpreter on the CPU (where it is
@@ -571,7 +571,8 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
     dq_ref, delta_ref = refs
   stream = _stream(static, seed_ref)
   t = static.block
-  i0 = pl.program_id(2) * t
+  query_tile = pl.program_id(2)
+  i0 = query_tile * t
   q, do = q_ref[...], do_ref[...]
   delta = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32),
                   axis=1, keepdims=True)
@@ -594,29 +595,28 @@ def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
                       _iota((t, t), 1, tile * t))
       return jnp.where(ok, p, 0.0)
 
-    if fused and p_index == 0:
-      # The window's one key tile, the query tile's own: its keys' dK and
-      # dV from the same weights (products contracting the query axis).
-      tile = pl.program_id(2)
-      k, v = k_ref[...], v_ref[...]
+    def score_grads(tile, k, v, rule=rule, tag=tag, weights=weights,
+                    full=full, full_ref=full_ref):
+      """Key tile `tile`'s weights P, its dropout and dS = P (dP - delta)."""
       p = _per_tile(rule, full, tile, full_ref[0, tile], weights, tile,
                     dot(q, k, 1, 1))
       drop = _dropper(static, stream, tag, q_ids, _iota((1, t), 1, tile * t))
-      ds = p * (drop(dot(do, v, 1, 1)) - delta)
+      return p, drop, p * (drop(dot(do, v, 1, 1)) - delta)
+
+    if fused and p_index == 0:
+      # The window's one key tile, the query tile's own: its keys' dK and
+      # dV from the same weights (products contracting the query axis).
+      k, v = k_ref[...], v_ref[...]
+      p, drop, ds = score_grads(query_tile, k, v)
       dq = dq + dot(ds.astype(k.dtype), k, 1, 0)
       dv_ref[...] = dot(drop(p).astype(do.dtype), do, 0, 0).astype(
           dv_ref.dtype)
       dk_ref[...] = dot(ds.astype(q.dtype), q, 0, 0).astype(dk_ref.dtype)
       continue
 
-    def body(tile, kv, dq, rule=rule, tag=tag, weights=weights, full=full,
-             full_ref=full_ref):
+    def body(tile, kv, dq, score_grads=score_grads):
       k, v = kv
-      p = _per_tile(rule, full, tile, full_ref[0, tile], weights, tile,
-                    dot(q, k, 1, 1))
-      d_p = _dropper(static, stream, tag, q_ids,
-                     _iota((1, t), 1, tile * t))(dot(do, v, 1, 1))
-      ds = p * (d_p - delta)
+      ds = score_grads(tile, k, v)[2]
       return dq + dot(ds.astype(k.dtype), k, 1, 0)
     at = 2 * (p_index - fused)  # Its streaming buffers (TPU).
     rows = _Rows([k_ref, v_ref], scratch and scratch[at:at + 2], t)
