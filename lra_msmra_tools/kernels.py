@@ -5,6 +5,8 @@ r"""Does every Pallas kernel compile on every target? A deviceless sweep.
       [--dropouts 0,0.1] [--forms bidirectional,causal] \
       --cache runs/kernel_matrix.json [--out F.md] [--doc docs/scaling.md] \
       [--cached_only]
+  python -m lra_msmra_tools.kernels --targets v5e-4,h200 --configs all \
+      --cache runs/kernel_configs.json [--doc docs/scaling.md]
 
 For every case, one attention layer (`StandaloneAttention`, as the encoder
 builds it) with `implementation='pallas'`: its forward pass and the
@@ -19,15 +21,21 @@ jitted over one compile-only device of the target and really compiled:
 
 Cases: every mechanism variant of `VARIANTS` x length x head dim x dtype x
 attention dropout x form (bidirectional, causal) x target; the batch is 2
-with a padding mask (its values are not part of a compiled program). A
-spill in XLA's own fusions (not in a Pallas kernel) is a note, not a
-failure (`compile.compile_step`). Each case compiles in a worker process (`--jobs` at a
-time); finished cases are kept in `--cache` (JSON) so that an interrupted
-sweep continues where it stopped (`--cached_only`: the tables of what is
-in the cache, compiling nothing). It prints a summary per target and a
-table, a row per case, and exits 1 if any case failed; `--doc` puts the
-summary into docs/scaling.md. `tests/kernels/test_compile.py` runs a small
-matrix of it on v5e and the H200.
+with a padding mask (its values are not part of a compiled program).
+`--configs` compiles instead the layer of each task config as its model
+runs it (`config_case`): the config's knobs, heads, head dim, input width,
+dtype, attention dropout and form, at the length its encoder's layers
+see. The layer is applied as the train step applies it, its `metrics`
+collected: a layer may then ask its kernels for more (Transformer-LS's
+landmark mass). A spill in XLA's own fusions (not in a Pallas kernel) is a
+note, not a failure (`compile.compile_step`). Each case compiles in a
+worker process (`--jobs` at a time); finished cases are kept in `--cache`
+(JSON) so that an interrupted sweep continues where it stopped
+(`--cached_only`: the tables of what is in the cache, compiling nothing).
+It prints a summary per target and a table, a row per case, and exits 1
+if any case failed; `--doc` puts the summary into docs/scaling.md.
+`tests/kernels/test_compile.py` runs a small matrix of it, and every task
+config's layer, on v5e and the H200.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import os
 import sys
@@ -65,6 +74,9 @@ BATCH = 2
 HEADS = 4
 DOC_START = '<!-- kernel-matrix:start -->'
 DOC_END = '<!-- kernel-matrix:end -->'
+# `--configs` puts its summary between these instead.
+CONFIGS_DOC_START = '<!-- kernel-configs:start -->'
+CONFIGS_DOC_END = '<!-- kernel-configs:end -->'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +91,100 @@ class Case:
   batch: int = BATCH
   dropout: float = 0.0
   causal: bool = False
+  # The layer's input width (the model's emb_dim); 0: heads x head_dim.
+  features: int = 0
 
   @property
   def key(self) -> str:
     return (f'{self.variant}|{self.target}|{self.length}|{self.head_dim}|'
             f'{self.dtype}|{self.heads}|{self.batch}|{self.dropout}|'
-            f'{self.causal}')
+            f'{self.causal}' + (f'|{self.features}' if self.features else ''))
 
 
 def _variant(label: str) -> tuple[str, dict[str, Any]]:
+  """(registry name, knobs) of a variant of `VARIANTS`, or of a task
+  config's layer (`config_case`: the label is the config, `task/x.py` or
+  `task/x.py:options`)."""
+  if '.py' in label:
+    m = _load_config(label).model
+    return m.attention, {k: v for k, v in m.attention_kw.items()
+                         if k != 'implementation'}
   for name, mechanism, kw in VARIANTS:
     if name == label:
       return mechanism, kw
   raise ValueError(f'unknown variant {label!r}; valid: '
                    f'{", ".join(v[0] for v in VARIANTS)}.')
+
+
+def _load_config(label: str):
+  """The config of `task/x.py[:options]` (under configs/)."""
+  from lra_msmra_tools import scaling  # pylint: disable=g-import-not-at-top
+  path, _, options = label.partition(':')
+  full = os.path.join(scaling.CONFIG_ROOT, path)
+  if not os.path.exists(full):
+    raise ValueError(f'--configs: no config file configs/{path}.')
+  return scaling.load_config(full, options or None)
+
+
+def task_configs() -> list[str]:
+  """The layers of every task config whose mechanism has a Pallas
+  implementation (the files of `configs/<task>/`), with each of its
+  options and each pair of them that builds (`task/x.py`,
+  `task/x.py:option`, `task/x.py:a,b`): one label per distinct layer
+  (`config_case`), the first that builds it."""
+  # pylint: disable=g-import-not-at-top
+  from lra_msmra import attention
+  from lra_msmra import config_lib
+  from lra_msmra_tools import scaling
+  # pylint: enable=g-import-not-at-top
+  found: dict[tuple[Any, ...], str] = {}
+  for task in fits.TASKS:
+    for name in sorted(os.listdir(os.path.join(scaling.CONFIG_ROOT, task))):
+      if not name.endswith('.py') or name == 'base.py':
+        continue
+      label = f'{task}/{name}'
+      if 'pallas' not in attention.REGISTRY[
+          _load_config(label).model.attention].IMPLEMENTATIONS:
+        continue
+      module = config_lib.load_sibling(
+          os.path.join(scaling.CONFIG_ROOT, label), name[:-3])
+      options = [o for o in getattr(module, 'OPTIONS', ())
+                 if o != 'runlocal']
+      for chosen in ([()] + [(o,) for o in options]
+                     + list(itertools.combinations(options, 2))):
+        full = f'{label}:{",".join(chosen)}' if chosen else label
+        try:
+          layer = layer_of(config_case(full, ''))
+        except ValueError:  # Options that do not go together.
+          continue
+        found.setdefault(layer, full)
+  return list(found.values())
+
+
+def layer_of(case: Case) -> tuple[Any, ...]:
+  """What a case compiles, apart from its target and name: the
+  mechanism, its knobs and the shapes."""
+  mechanism, kw = _variant(case.variant)
+  return (mechanism, tuple(sorted((k, repr(v)) for k, v in kw.items())),
+          case.length, case.head_dim, case.heads, case.dtype, case.dropout,
+          case.causal, case.features, case.batch)
+
+
+def config_case(label: str, target: str) -> Case:
+  """One attention layer of a task config (`task/x.py[:options]`) as its
+  model runs it: the config's knobs, heads, head dim, input width,
+  dtype, attention dropout and form, at the length the encoder's layers
+  see (the task's, plus the CLS position where the model has one)."""
+  from lra_msmra import data as data_lib  # pylint: disable=g-import-not-at-top
+  config = _load_config(label)
+  m = config.model
+  spec = data_lib.get_model_spec(config)
+  cls = int(m.pooling == 'CLS' and not spec['dual'])
+  return Case(label, target, spec['max_len'] + cls,
+              m.qkv_dim // m.num_heads, m.dtype, heads=m.num_heads,
+              dropout=m.attention_dropout_rate,
+              causal=bool(m.causal or config.objective == 'causal'),
+              features=m.emb_dim)
 
 
 def compile_case(case: Case) -> dict[str, Any]:
@@ -119,11 +211,12 @@ def compile_case(case: Case) -> dict[str, Any]:
     device = target.devices()[0]
     sharding = jax.sharding.SingleDeviceSharding(device)
     dtype = jnp.dtype(case.dtype)
-    features = case.heads * case.head_dim
+    features = case.features or case.heads * case.head_dim
     layer = standalone.StandaloneAttention(
         mechanism=mechanism, kw=FrozenDict(dict(kw, implementation='pallas')),
-        num_heads=case.heads, qkv_features=features, dtype=dtype,
-        max_len=case.length, dropout_rate=case.dropout, causal=case.causal)
+        num_heads=case.heads, qkv_features=case.heads * case.head_dim,
+        dtype=dtype, max_len=case.length, dropout_rate=case.dropout,
+        causal=case.causal)
     params = jax.eval_shape(lambda: layer.init(
         jax.random.PRNGKey(0), jnp.zeros((1, case.length, features), dtype),
         padding_mask=jnp.ones((1, case.length), bool)))
@@ -135,9 +228,12 @@ def compile_case(case: Case) -> dict[str, Any]:
     mask = place(jax.ShapeDtypeStruct((case.batch, case.length), jnp.bool_))
 
     def loss(p, x, mask):
-      y = layer.apply(p, x, padding_mask=mask,
-                      deterministic=not case.dropout,
-                      rngs={'dropout': jax.random.PRNGKey(1)})
+      # As the train step calls it: its metrics collected (some layers then
+      # ask their kernels for more, e.g. Transformer-LS's landmark mass).
+      y, _ = layer.apply(p, x, padding_mask=mask,
+                         deterministic=not case.dropout,
+                         rngs={'dropout': jax.random.PRNGKey(1)},
+                         mutable=['metrics'])
       return jnp.sum(y.astype(jnp.float32) ** 2)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
     text = grad.trace(params, x, mask).lower().as_text()
@@ -289,6 +385,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   p.add_argument('--dropouts', default='0,0.1',
                  help='attention dropout rates (dropout adds the keep-mask '
                       'hashing to the kernels)')
+  p.add_argument('--configs', default=None,
+                 help='instead of the variant sweep: the layer of each of '
+                      'these task configs (task/x.py[:options], comma-'
+                      'separated, or "all": every task\'s config of a '
+                      'mechanism with a Pallas implementation) at its own '
+                      'length, heads, head dim, dtype and dropout')
   p.add_argument('--forms', default='bidirectional',
                  help='bidirectional, causal or both (comma-separated)')
   p.add_argument('--jobs', type=int, default=os.cpu_count() or 1)
@@ -308,6 +410,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
       targets_lib.parse(name)
     for name in args.variants.split(','):
       _variant(name)
+    args.config_list = (task_configs() if args.configs == 'all' else
+                        args.configs.split(',') if args.configs else [])
+    sweep = [a.split('=')[0] for a in argv if a.split('=')[0] in (
+        '--variants', '--lengths', '--head_dims', '--dtypes', '--dropouts',
+        '--forms')]
+    if args.configs and sweep:
+      p.error(f'--configs compiles each config\'s own layer (its length, '
+              f'head dim, dtype, dropout and form); drop {", ".join(sweep)}.')
+    for name in args.config_list:
+      _load_config(name)
     args.length_list = _ints(args.lengths)
     args.head_dim_list = _ints(args.head_dims)
   except ValueError as e:
@@ -331,12 +443,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str]) -> int:
   args = parse_args(argv[1:])
   targets_lib.prepare_environment()
-  cases = [Case(v, t, n, d, dt, dropout=r, causal=form == 'causal')
-           for t in args.targets.split(',')
-           for v in args.variants.split(',')
-           for n in args.length_list for d in args.head_dim_list
-           for dt in args.dtypes.split(',')
-           for r in args.dropout_list for form in args.form_list]
+  if args.config_list:
+    cases = [config_case(c, t) for t in args.targets.split(',')
+             for c in args.config_list]
+  else:
+    cases = [Case(v, t, n, d, dt, dropout=r, causal=form == 'causal')
+             for t in args.targets.split(',')
+             for v in args.variants.split(',')
+             for n in args.length_list for d in args.head_dim_list
+             for dt in args.dtypes.split(',')
+             for r in args.dropout_list for form in args.form_list]
   for name in {c.target for c in cases}:
     try:
       targets_lib.parse(name).check_packages()
@@ -369,15 +485,20 @@ def main(argv: Sequence[str]) -> int:
   left = len(cases) - len(records)
   text = (f'`python -m lra_msmra_tools.kernels {command}` '
           f'({time.strftime("%Y-%m-%d")}, {compile_lib.versions()}): forward and gradients of one layer, '
-          f'batch {BATCH} with padding, {HEADS} heads; {len(records)} of '
+          + (f'as each config\'s model runs it, batch {BATCH} with padding'
+             if args.config_list else
+             f'batch {BATCH} with padding, {HEADS} heads')
+          + f'; {len(records)} of '
           f'{len(cases)} cases compiled'
           + (f' ({left} not run yet: the same command compiles them)'
              if left else '') + '.\n\n'
           + summary(records) + '\n\n' + markdown(records))
   print(text)
   if args.doc:
+    start, end = ((CONFIGS_DOC_START, CONFIGS_DOC_END) if args.config_list
+                  else (DOC_START, DOC_END))
     fits.replace_in_doc(args.doc, f'{text.split(chr(10) * 2)[0]}\n\n'
-                        f'{summary(records)}', DOC_START, DOC_END)
+                        f'{summary(records)}', start, end)
   if args.out:
     with open(args.out, 'w') as f:
       f.write(text + '\n')

@@ -342,6 +342,10 @@ def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
 # kernel spills registers on an H100 / H200 at head dims 32 to 128.
 TILE_WARPS = 8
 TILE_STAGES = 1
+# The dQ kernel of 'single' projections (one query map for every head): at
+# 8 warps ptxas settled on 128 registers and spilled (ListOps' and Text's
+# configs, 8 and 4 heads of 64); 4 warps do not.
+SINGLE_DQ_WARPS = 4
 # The largest query tile at padded head dims of 128 and more.
 WIDE_HEAD_BLOCK = 16
 
@@ -527,7 +531,8 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
         name='adamra_routed_dq')
   args, specs, flags, out_shape, out_specs, out_flags = plumbing('bhnd')
   launch = _launch(specs + out_specs, args + out_shape, t, d, 2,
-                   warps=TILE_WARPS, stages=TILE_STAGES)
+                   warps=TILE_WARPS if static.stacked else SINGLE_DQ_WARPS,
+                   stages=TILE_STAGES)
   outs = _on_every_platform(call, launch, _relayout(static, flags,
                                                     out_flags))(*args)
   d_pre, d_gate = outs[0], outs[-1]

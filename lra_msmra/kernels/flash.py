@@ -380,7 +380,8 @@ def _per_tile(rule, full_range: tuple[Array, Array], tile: Array,
 
 def _parts(static: _Static, refs: list, nk: int, nm: int) -> list:
   """(rule, keys, part tag, k_ref, v_ref, flags_ref, full_ref) per key
-  part, taken from the front of `refs`."""
+  part, taken from the front of `refs`: the window's, then the extra
+  keys'."""
   parts = []
   if static.window is not None:
     parts.append((static.window, nk, WINDOW_PART,
@@ -491,8 +492,10 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
   q_ref = refs.pop(0)
   parts = _parts(static, refs, nk, nm)
   scratch = _scratch(refs, 2 * len(parts), streamed)
-  o_ref, lse_ref = refs[:2]
-  mass_ref = refs[2] if static.extra_mass else None
+  # With `extra_mass`, the log-sum-exp and the mass share one [t, 2] block:
+  # a third output's pointer, live through the loops, made ptxas spill
+  # (Transformer-LS's training step on H100 / H200).
+  o_ref, stats_ref = refs[:2]
   stream = _stream(static, seed_ref)
   t = static.block
   i0 = pl.program_id(2) * t
@@ -531,8 +534,8 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
       # The normaliser counts every weight; dropout acts on the weights.
       row_sum = jnp.sum(p, axis=1, keepdims=True)
       l = l * scale + row_sum
-      if static.extra_mass:
-        lx = lx * scale + (row_sum if tag == EXTRA_PART else 0.0)
+      if static.extra_mass and tag == EXTRA_PART:  # Zero before (`_parts`).
+        lx = lx * scale + row_sum
       dropped = _dropper(static, stream, tag, q_ids,
                          _iota((1, t), 1, tile * t))(p)
       acc = acc * scale + dot(dropped.astype(v.dtype), v, 1, 0)
@@ -544,9 +547,9 @@ def _forward_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
   seen = l > 0
   total = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / total).astype(o_ref.dtype)
-  lse_ref[...] = jnp.where(seen, m * LN2 + jnp.log(total), 0.0)
-  if mass_ref is not None:
-    mass_ref[...] = lx / total
+  lse = jnp.where(seen, m * LN2 + jnp.log(total), 0.0)
+  stats_ref[...] = (jnp.concatenate([lse, lx / total], axis=1)
+                    if static.extra_mass else lse)
 
 
 def _dq_kernel(*refs, static: _Static, nq: int, nk: int, nm: int,
@@ -1129,7 +1132,7 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
   launch = Launch(
       whole.tpu_bytes + flag_bytes + vmem_bytes((t, d), q.dtype)
       + vmem_bytes((t, v_dim), q.dtype)
-      + stats * vmem_bytes((t, 1), jnp.float32), t, max(d, v_dim))
+      + vmem_bytes((t, stats), jnp.float32), t, max(d, v_dim))
 
   def call(params, interpret):
     kernel = functools.partial(_forward_kernel, static=static, nq=nq, nk=nk,
@@ -1139,18 +1142,20 @@ def _forward(static: _Static, seed, q, window_args, extra_args):
         kernel, grid=(batch, heads, nq // t),
         in_specs=seed_specs + [seq_spec(t, d)]
         + _key_specs(whole, flag_specs, params),
-        out_specs=[seq_spec(t, v_dim)]
-        + [_tile_spec(t, 1)] * stats,
-        out_shape=[jax.ShapeDtypeStruct(
-            seq_shape(batch, heads, nq, v_dim), q.dtype)]
-        + [jax.ShapeDtypeStruct((batch, heads, nq, 1), jnp.float32)] * stats,
+        out_specs=[seq_spec(t, v_dim), _tile_spec(t, stats)],
+        out_shape=[
+            jax.ShapeDtypeStruct(seq_shape(batch, heads, nq, v_dim),
+                                 q.dtype),
+            jax.ShapeDtypeStruct((batch, heads, nq, stats), jnp.float32)],
         scratch_shapes=whole.scratch_shapes(params),
         compiler_params=params, interpret=interpret,
         name='flash_window_forward')
   relayout = _relayout(
       static, [False] * len(seed_args) + [True] + _key_flags(static),
-      [True] + [False] * stats)
-  return on_every_platform(call, launch, relayout)(*seed_args, q, *args)
+      [True, False])
+  out, lse = on_every_platform(call, launch, relayout)(*seed_args, q, *args)
+  # (output, log-sum-exp[, extra mass]).
+  return (out, lse) if stats == 1 else (out, lse[..., :1], lse[..., 1:])
 
 
 def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,

@@ -7,8 +7,12 @@ memory beyond the limit and on register spills. Every mechanism variant
 with a Pallas implementation, forward and gradients, at the `runlocal`
 shape of the LRA configs (float32, 100 tokens, head dim 16) and at a
 length that is a multiple of no tile (bfloat16, 1000 tokens, head dim
-64, attention dropout 0.1: the kernels' keep-mask hashing). The wider sweep (every TPU generation, H100, lengths to 16K, head
-dims to 128, both dtypes) is the command of docs/scaling.md.
+64, attention dropout 0.1: the kernels' keep-mask hashing); and the layer
+of every task config with a Pallas mechanism as its model runs it
+(`kernels.config_case`: the config's knobs, heads, head dim, length and
+dropout, metrics collected as in the train step). The wider sweep (every
+TPU generation, H100, lengths to 16K, head dims to 128, both dtypes) is
+the command of docs/scaling.md.
 """
 
 
@@ -31,6 +35,8 @@ TARGETS = ('v5e-4', 'h200')
 CASES = [kernel_matrix.Case(variant, target, n, d, dtype, dropout=rate)
          for variant, _, _ in kernel_matrix.VARIANTS
          for target in TARGETS for n, d, dtype, rate in SHAPES]
+CASES += [kernel_matrix.config_case(config, target)
+          for config in kernel_matrix.task_configs() for target in TARGETS]
 
 
 @pytest.fixture(scope='module')
@@ -40,7 +46,8 @@ def records():
 
 
 @pytest.mark.parametrize('case', CASES, ids=[
-    f'{c.variant}-{c.target}-{c.length}-{c.dtype}' for c in CASES])
+    f'{c.variant.replace("/", "-")}-{c.target}-{c.length}-{c.dtype}'
+    for c in CASES])
 def test_kernel_compiles(records, case):
   record = records[case.key]
   assert record['status'] == 'ok', record.get('error')
