@@ -348,6 +348,10 @@ TILE_STAGES = 1
 SINGLE_DQ_WARPS = 4
 # The largest query tile at padded head dims of 128 and more.
 WIDE_HEAD_BLOCK = 16
+# The widest head the kernels take on GPUs: they read each head's [d, d]
+# summary whole, and at d = 256 the forward kernel asked for 320 KiB of
+# shared memory (an H100 / H200 block may use 227 KiB). TPUs take it.
+GPU_MAX_HEAD_DIM = 128
 
 
 def _launch(specs, arrays, tile: int, width: int, axes: int,
@@ -661,6 +665,13 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
   batch, n = choice.shape
   heads, subheads, d = kv.shape[1], kv.shape[2], kv.shape[3]
   dp = _width(d)
+  if dp > GPU_MAX_HEAD_DIM and jax.default_backend() in ('gpu', 'cuda',
+                                                         'rocm'):
+    raise ValueError(
+        f"AdaMRA's Pallas kernels read each head's [{d}, {d}] summary "
+        f'whole: beyond head dim {GPU_MAX_HEAD_DIM} it outgrows the shared '
+        "memory of a GPU block; use implementation='xla' (or a head dim of "
+        f'at most {GPU_MAX_HEAD_DIM}).')
   t = tile(n, d, q.dtype, block)
   n_pad = -(-n // t) * t
   # Wide subheads are read heads-major: in the model's layout the dQ

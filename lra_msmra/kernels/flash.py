@@ -1164,7 +1164,8 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
   _, nk, nm = _sizes(static, q, window_args, extra_args)
   v_dim = _value_dim(window_args, extra_args)
   t = static.block
-  fused = FUSED_BACKWARD and tile_local(static.window, nq, nk, t)
+  fused = (FUSED_BACKWARD and tile_local(static.window, nq, nk, t)
+           and t * max(d, v_dim) <= FUSED_TILE_ELEMENTS[q.dtype.itemsize])
   args, whole, flag_specs, flag_bytes = _key_args(
       static, window_args, extra_args, tiled_window=fused)
   seed_args, seed_specs = _seed_args(static, seed)
@@ -1280,6 +1281,11 @@ def _chunk_total(g: Array, a: Array, chunks: int, t: int, layout: str
 # fuses the window's dK / dV into the dQ kernel (tests switch it off to
 # compare with the split passes).
 FUSED_BACKWARD = True
+# The largest [rows, head dim] tile the fused kernel takes, per itemsize:
+# it holds the key tile, the value tile and their gradients beside the dQ
+# kernel's, and at a float32 head dim of 256 (16 x 256 tiles) it spilled
+# 3 KB on an H200, where the split passes do not spill.
+FUSED_TILE_ELEMENTS = {1: 8192, 2: 8192, 4: 2048}
 
 
 def tile_local(window, nq: int, nk: int, t: int) -> bool:

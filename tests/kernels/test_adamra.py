@@ -255,3 +255,21 @@ def test_bad_feature_map_is_named():
         jnp.zeros((1, 16, 1, 16)), jnp.zeros((1, 1, 1, 16, 16)),
         jnp.zeros((1, 1, 1, 16)), jnp.zeros((1, 16), jnp.int32),
         jnp.ones((1, 16, 1)), feature_map='tanh')
+
+
+@pytest.mark.parametrize('backend', ['gpu', 'tpu'])
+@pytest.mark.parametrize('dim', [128, 256])
+def test_wide_heads_are_refused_on_gpus_only(monkeypatch, backend, dim):
+  """Head dims beyond GPU_MAX_HEAD_DIM: one line naming the fix on a GPU
+  (the [d, d] summaries outgrow a block's shared memory); TPUs take them."""
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  s = jax.ShapeDtypeStruct
+  args = (s((1, 64, 1, dim), jnp.float32), s((1, 2, 1, dim, dim), jnp.float32),
+          s((1, 2, 1, dim), jnp.float32), s((1, 64), jnp.int32),
+          s((1, 64, 2), jnp.float32))
+  trace = lambda: jax.eval_shape(routed_kernels.routed_attention, *args)
+  if backend == 'gpu' and dim > routed_kernels.GPU_MAX_HEAD_DIM:
+    with pytest.raises(ValueError, match="implementation='xla'"):
+      trace()
+  else:
+    assert trace().shape == (1, 64, 1, dim)

@@ -570,6 +570,22 @@ def test_tile_local_windows():
     assert not np.any(seen & (i // t != j // t)), window
 
 
+@pytest.mark.parametrize('head_dim,dtype,fused', [
+    (128, jnp.float32, True), (256, jnp.float32, False),
+    (256, jnp.bfloat16, True)])
+def test_fused_backward_only_within_its_tile_budget(head_dim, dtype, fused):
+  """Beyond `FUSED_TILE_ELEMENTS` (16 x 256 float32 tiles) the backward
+  pass keeps the split dQ and dK / dV kernels."""
+  shape = (1, 2, 64, head_dim)
+  q = k = v = jnp.zeros(shape, dtype)
+  valid = jnp.ones((1, 64), bool)
+  loss = lambda q, k, v: jnp.sum(flash.flash_attention(
+      q, k, v, valid, window=W('segment', size=8)).astype(jnp.float32))
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, k, v))
+  assert ('flash_window_fused_bwd' in jaxpr) == fused
+  assert ('flash_window_dkv' in jaxpr) == (not fused)
+
+
 @pytest.mark.parametrize('form', ['interpreter', 'tpu'])
 @pytest.mark.parametrize('cid,window,rule', [
     ('segment-causal', W('segment', size=8, causal=True), None),
