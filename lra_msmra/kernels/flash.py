@@ -1226,7 +1226,8 @@ def _backward(static: _Static, seed, q, window_args, extra_args, out, lse,
         queries.tpu_bytes + 2 * vmem_bytes((nq // t, t), jnp.float32)
         + 2 * vmem_bytes((t, k.shape[3]), k.dtype)
         + 2 * vmem_bytes((t, v.shape[3]), v.dtype)
-        + vmem_bytes((t, 1), jnp.int32), t, max(d, v_dim))
+        + vmem_bytes((t, 1), jnp.int32), t, max(d, v_dim),
+        warps=_wide_float32_warps(q.dtype, t, max(d, v_dim)))
 
     chunks, chunk_tiles = query_chunks(batch * heads * (n // t), nq // t)
 
@@ -1275,6 +1276,19 @@ def _chunk_total(g: Array, a: Array, chunks: int, t: int, layout: str
     rows, n, heads, d = a.shape
     g = g.reshape(rows, n // t, chunks, t, heads, d).sum(2)
   return g.reshape(a.shape).astype(a.dtype)
+
+
+def _wide_float32_warps(dtype, t: int, width: int) -> Optional[int]:
+  """Warps of a dK / dV kernel: 8 for float32 tiles of WIDE_FLOAT32_TILE
+  elements and more (at a head dim of 256, Combiner's dK / dV kernels
+  spilled 20 to 48 bytes at 255 registers on an H200 with 4), else
+  `triton_warps`'."""
+  if jnp.dtype(dtype).itemsize == 4 and t * width >= WIDE_FLOAT32_TILE:
+    return 8
+  return None
+
+
+WIDE_FLOAT32_TILE = 4096
 
 
 # The backward pass of a call whose window is tile-local (`tile_local`)

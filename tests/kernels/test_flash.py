@@ -628,3 +628,12 @@ def test_fused_backward_equals_the_split_passes(monkeypatch, form, cid,
       jax.make_jaxpr(jax.grad(loss, argnums))(*args))
   for a, b in zip(fused, split):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_wide_float32_dkv_tiles_run_8_warps():
+  """The dK / dV kernels of float32 tiles of WIDE_FLOAT32_TILE elements
+  (16 x 256) run 8 warps on GPUs (4 spilled registers on an H200); other
+  tiles keep `triton_warps`."""
+  assert flash._wide_float32_warps(jnp.float32, 16, 256) == 8  # pylint: disable=protected-access
+  assert flash._wide_float32_warps(jnp.float32, 16, 128) is None  # pylint: disable=protected-access
+  assert flash._wide_float32_warps(jnp.bfloat16, 32, 256) is None  # pylint: disable=protected-access
