@@ -98,7 +98,7 @@ def test_wrong_configs_flags_are_one_line(capsys, argv, problem):
   assert problem in capsys.readouterr().err
 
 
-def test_configs_summary_has_markers_of_its_own(tmp_path):
+def test_configs_summary_has_markers_of_its_own():
   assert kernels.CONFIGS_DOC_START != kernels.DOC_START
   text = open(os.path.join(helpers.ROOT, 'docs', 'scaling.md')).read()
   assert text.count(kernels.CONFIGS_DOC_START) == 1
