@@ -170,18 +170,20 @@ def layer_of(case: Case) -> tuple[Any, ...]:
           case.causal, case.features, case.batch)
 
 
-def config_case(label: str, target: str) -> Case:
+def config_case(label: str, target: str,
+                dtype: Optional[str] = None) -> Case:
   """One attention layer of a task config (`task/x.py[:options]`) as its
   model runs it: the config's knobs, heads, head dim, input width,
-  dtype, attention dropout and form, at the length the encoder's layers
-  see (the task's, plus the CLS position where the model has one)."""
+  dtype (or `dtype`), attention dropout and form, at the length the
+  encoder's layers see (the task's, plus the CLS position where the model
+  has one)."""
   from lra_msmra import data as data_lib  # pylint: disable=g-import-not-at-top
   config = _load_config(label)
   m = config.model
   spec = data_lib.get_model_spec(config)
   cls = int(m.pooling == 'CLS' and not spec['dual'])
   return Case(label, target, spec['max_len'] + cls,
-              m.qkv_dim // m.num_heads, m.dtype, heads=m.num_heads,
+              m.qkv_dim // m.num_heads, dtype or m.dtype, heads=m.num_heads,
               dropout=m.attention_dropout_rate,
               causal=bool(m.causal or config.objective == 'causal'),
               features=m.emb_dim)
@@ -390,7 +392,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       'these task configs (task/x.py[:options], comma-'
                       'separated, or "all": every task\'s config of a '
                       'mechanism with a Pallas implementation) at its own '
-                      'length, heads, head dim, dtype and dropout')
+                      'length, heads, head dim, dtype (or those of '
+                      '--dtypes) and dropout')
   p.add_argument('--forms', default='bidirectional',
                  help='bidirectional, causal or both (comma-separated)')
   p.add_argument('--jobs', type=int, default=os.cpu_count() or 1)
@@ -412,12 +415,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
       _variant(name)
     args.config_list = (task_configs() if args.configs == 'all' else
                         args.configs.split(',') if args.configs else [])
-    sweep = [a.split('=')[0] for a in argv if a.split('=')[0] in (
-        '--variants', '--lengths', '--head_dims', '--dtypes', '--dropouts',
-        '--forms')]
+    given = [a.split('=')[0] for a in argv]
+    sweep = [a for a in given if a in ('--variants', '--lengths',
+                                       '--head_dims', '--dropouts',
+                                       '--forms')]
     if args.configs and sweep:
       p.error(f'--configs compiles each config\'s own layer (its length, '
-              f'head dim, dtype, dropout and form); drop {", ".join(sweep)}.')
+              f'head dim, dropout and form); drop {", ".join(sweep)}.')
+    # With --configs: each config's own dtype unless --dtypes is given.
+    args.config_dtypes = ('--dtypes' in given and args.dtypes.split(',')
+                          or [None])
     for name in args.config_list:
       _load_config(name)
     args.length_list = _ints(args.lengths)
@@ -444,8 +451,8 @@ def main(argv: Sequence[str]) -> int:
   args = parse_args(argv[1:])
   targets_lib.prepare_environment()
   if args.config_list:
-    cases = [config_case(c, t) for t in args.targets.split(',')
-             for c in args.config_list]
+    cases = [config_case(c, t, dtype) for t in args.targets.split(',')
+             for c in args.config_list for dtype in args.config_dtypes]
   else:
     cases = [Case(v, t, n, d, dt, dropout=r, causal=form == 'causal')
              for t in args.targets.split(',')

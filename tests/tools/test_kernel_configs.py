@@ -88,8 +88,8 @@ def test_config_case_is_the_layer_the_model_runs(label):
 @pytest.mark.parametrize('argv, problem', [
     (['--configs', 'listops/nothing.py'], 'no config file'),
     (['--configs', 'all', '--lengths', '1K'], 'drop --lengths'),
-    (['--configs=text/cst.py', '--head_dims=32', '--dtypes=float32'],
-     'drop --head_dims, --dtypes'),
+    (['--configs=text/cst.py', '--head_dims=32', '--forms=causal'],
+     'drop --head_dims, --forms'),
 ])
 def test_wrong_configs_flags_are_one_line(capsys, argv, problem):
   with pytest.raises(SystemExit) as e:
@@ -103,3 +103,14 @@ def test_configs_summary_has_markers_of_its_own():
   text = open(os.path.join(helpers.ROOT, 'docs', 'scaling.md')).read()
   assert text.count(kernels.CONFIGS_DOC_START) == 1
   assert text.count(kernels.CONFIGS_DOC_END) == 1
+
+
+def test_configs_take_their_own_dtype_or_those_of_dtypes():
+  own = kernels.parse_args(['--configs', 'text/cst.py'])
+  assert own.config_dtypes == [None]
+  both = kernels.parse_args(['--configs', 'text/cst.py',
+                             '--dtypes', 'bfloat16,float32'])
+  assert both.config_dtypes == ['bfloat16', 'float32']
+  case = kernels.config_case('text/cst.py', 'h200', 'bfloat16')
+  assert case.dtype == 'bfloat16'
+  assert kernels.config_case('text/cst.py', 'h200').dtype == 'float32'
