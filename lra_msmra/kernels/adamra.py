@@ -43,7 +43,10 @@ sequence and the width as their last two axes, gets them heads-major
 registers there on an H200). Per-query values are
 columns `[N, 1]`; head dims below 16 or not powers of two are zero-padded
 (Triton's products need 16), which changes nothing: padded features meet
-zero rows of KV and z. The kernels run on every platform through
+zero rows of KV and z. Subheads wider than SUMMARY_SPAN are worked in
+spans of it (rows as tuples of spans, KV one [span, span] block at a
+time), so that no tile outgrows those of head dim 128. The kernels run on
+every platform through
 `flash.on_every_platform` (Triton on NVIDIA GPUs, Mosaic on TPUs, the
 interpreter on the CPU). `reference` is the same function in plain XLA.
 """
@@ -51,6 +54,7 @@ interpreter on the CPU). `reference` is the same function in plain XLA.
 from __future__ import annotations
 
 import functools
+import operator
 from typing import NamedTuple, Optional
 
 import jax
@@ -76,6 +80,13 @@ CHUNK_TILES = 16
 # map, F = 512 and d = 128, needs 288 KiB of shared memory on GPUs, beyond
 # the H100's 227 KiB. A multiple of 128 lanes, as TPUs need.
 PROJECT_SPAN = 128
+# Subheads wider than this are worked in spans of it: each head's [d, d]
+# summary is read SUMMARY_SPAN x SUMMARY_SPAN at a time, and each query's
+# d-wide rows as SUMMARY_SPAN-wide parts. Whole, a float32 summary at
+# d = 256 is 256 KiB, beyond the shared memory of an H100 / H200 block
+# (227 KiB); in spans every tile is one of d = 128, the widest that
+# compiles whole. A multiple of 128 lanes, as TPUs need.
+SUMMARY_SPAN = 128
 
 
 class _Static(NamedTuple):
@@ -93,6 +104,9 @@ class _Static(NamedTuple):
   # model's) read through the BlockSpecs, transposed to 'bhnd' around the
   # TPU form (`flash.on_every_platform`), or 'bhnd'.
   layout: str = 'bnhd'
+  # Subheads wider than SUMMARY_SPAN, worked in spans; stacked, their
+  # first-stage queries' cotangent is left to XLA (`_backward`).
+  wide: bool = False
 
 
 # -- the kernel bodies -------------------------------------------------------
@@ -120,28 +134,132 @@ def _spans(width: int) -> list[tuple[int, int]]:
   return [(c, c + step) for c in range(0, width, step)]
 
 
-def _project(q_ref, w_ref, b_ref, h: int, s: int, dtype) -> Array:
-  """Head h's subhead-s query map, rounded as the XLA projection is (one
-  float32 sum over spans of the input width, PROJECT_SPAN)."""
-  pre = None
-  for c0, c1 in _spans(q_ref.shape[-1]):
-    part = _dot(q_ref[:, c0:c1], w_ref[h, s, c0:c1, :], 1, 0)
-    pre = part if pre is None else pre + part
-  pre = pre.astype(dtype)
+def _dims(width: int) -> list[tuple[int, int]]:
+  """The static spans of a (padded) subhead `width` wide, at most
+  SUMMARY_SPAN each: one, the whole, up to SUMMARY_SPAN."""
+  step = min(width, SUMMARY_SPAN)
+  return [(c, c + step) for c in range(0, width, step)]
+
+
+def _total(parts) -> Array:
+  """The sum of a sequence of arrays (the first itself if it is alone)."""
+  return functools.reduce(operator.add, parts)
+
+
+def _pick(parts, index: Array) -> Array:
+  """parts[index] for a traced index, by selects (no dynamic lane slice)."""
+  out = parts[0]
+  for i, part in enumerate(parts[1:], 1):
+    out = jnp.where(index == i, part, out)
+  return out
+
+
+def _cols(ref, lead: tuple, c0: int, c1: int):
+  """`ref[lead]` restricted to columns [c0, c1) of its last axis: the
+  whole of it, read as before, where the span covers the axis."""
+  if (c0, c1) == (0, ref.shape[-1]):
+    return ref[lead]
+  middle = (slice(None),) * (len(ref.shape) - len(lead) - 1)
+  return ref[lead + middle + (slice(c0, c1),)]
+
+
+def _at(i: Array, step: int, count: int):
+  """Span i of `count` spans `step` wide: static where there is one (a
+  dynamic offset on the lanes must be a provable multiple of 128 on TPUs;
+  steps of SUMMARY_SPAN and PROJECT_SPAN are)."""
+  if count == 1:
+    return slice(0, step)
+  return pl.ds(pl.multiple_of(i * step, step), step)
+
+
+def _blocked(rows: int, width: int, ins: int, outs: int, operand, block,
+             product) -> tuple:
+  """sum over spans i of product(operand(i), block(i, o)) for every span o,
+  a tuple of `outs` [rows, width] float32 spans: one (i, o) block per loop
+  iteration (unrolled, the blocks were live at once: register spills on
+  an H200)."""
+  def step(n, acc):
+    i, o = lax.div(n, outs), lax.rem(n, outs)
+    part = product(operand(i), block(i, o))
+    return tuple(jnp.where(o == j, a + part, a) for j, a in enumerate(acc))
+  zeros = tuple(jnp.zeros((rows, width), jnp.float32) for _ in range(outs))
+  return lax.fori_loop(0, ins * outs, step, zeros)
+
+
+def _apply(phi, kv_ref, lead: tuple, dims) -> tuple:
+  """phi KV (`kv_ref[lead]`, read one [span, span] block at a time), phi
+  and the result as spans (`_dims`)."""
+  if len(dims) == 1:
+    return (_dot(phi[0], kv_ref[lead], 1, 0),)
+  n, span = len(dims), dims[0][1]
+  return _blocked(
+      phi[0].shape[0], span, n, n, lambda k: _pick(phi, k),
+      lambda k, v: kv_ref[lead + (_at(k, span, n), _at(v, span, n))],
+      lambda p, kv: _dot(p, kv, 1, 0))
+
+
+def _apply_t(y, kv_ref, lead: tuple, dims) -> tuple:
+  """y KV^T, y and the result as spans."""
+  if len(dims) == 1:
+    return (_dot(y[0], kv_ref[lead], 1, 1),)
+  n, span = len(dims), dims[0][1]
+  return _blocked(
+      y[0].shape[0], span, n, n, lambda v: _pick(y, v),
+      lambda v, k: kv_ref[lead + (_at(k, span, n), _at(v, span, n))],
+      lambda x, kv: _dot(x, kv, 1, 1))
+
+
+def _dot_z(phi, z_ref, h, s, dims) -> Array:
+  """phi . z_hs per query, a column `[t, 1]`; phi given as its spans."""
+  return _total([jnp.sum(p * _cols(z_ref, (h, s), k0, k1), axis=1,
+                         keepdims=True) for p, (k0, k1) in zip(phi, dims)])
+
+
+def _project(q_ref, w_ref, b_ref, h: int, s: int, dtype, dims) -> tuple:
+  """Head h's subhead-s query map as spans of its columns (`_dims`),
+  rounded as the XLA projection is (one float32 sum over spans of the
+  input width, PROJECT_SPAN). Wide subheads read the map one [span, span]
+  block at a time (`_blocked`)."""
+  spans = _spans(q_ref.shape[-1])
+  if len(dims) == 1:
+    pre = None
+    for c0, c1 in spans:
+      part = _dot(q_ref[:, c0:c1], w_ref[h, s, c0:c1, :], 1, 0)
+      pre = part if pre is None else pre + part
+    pre = (pre,)
+  else:
+    step, span = spans[0][1], dims[0][1]
+    pre = _blocked(
+        q_ref.shape[0], span, len(spans), len(dims),
+        lambda c: q_ref[:, _at(c, step, len(spans))],
+        lambda c, k: w_ref[h, s, _at(c, step, len(spans)),
+                           _at(k, span, len(dims))],
+        lambda x, w: _dot(x, w, 1, 0))
+  pre = tuple(p.astype(dtype) for p in pre)
   if b_ref is not None:
-    pre = pre + b_ref[h, s].astype(dtype)
+    pre = tuple(p + _cols(b_ref, (h, s), k0, k1).astype(dtype)
+                for p, (k0, k1) in zip(pre, dims))
   return pre
 
 
-def _sub(ref, s, lay: str):
-  """Subhead s's `[t, d]` rows of a per-subhead block: `[S, t, d]` in
-  'bhnd', `[t, S, d]` in 'bnhd' (the model's layout)."""
-  return ref[s] if lay == 'bhnd' else ref[:, s, :]
+def _sub(ref, s, lay: str, c: Optional[tuple[int, int]] = None):
+  """Subhead s's `[t, d]` rows of a per-subhead block (their columns c):
+  `[S, t, d]` in 'bhnd', `[t, S, d]` in 'bnhd' (the model's layout)."""
+  if c is None or c == (0, ref.shape[-1]):
+    return ref[s] if lay == 'bhnd' else ref[:, s, :]
+  return ref[s, :, c[0]:c[1]] if lay == 'bhnd' else ref[:, s, c[0]:c[1]]
 
 
-def _set_sub(ref, s, lay: str, value: Array) -> None:
-  """Writes subhead s's `[t, d]` rows of a per-subhead block."""
-  if lay == 'bhnd':
+def _set_sub(ref, s, lay: str, value: Array,
+             c: Optional[tuple[int, int]] = None) -> None:
+  """Writes subhead s's `[t, d]` rows of a per-subhead block (or their
+  columns c)."""
+  if c is not None and c != (0, ref.shape[-1]):
+    if lay == 'bhnd':
+      ref[s, :, c[0]:c[1]] = value
+    else:
+      ref[:, s, c[0]:c[1]] = value
+  elif lay == 'bhnd':
     ref[s] = value
   else:
     ref[:, s, :] = value
@@ -163,7 +281,7 @@ def _split(refs, static: _Static, names: tuple[str, ...]) -> dict:
       out[name] = None
     elif name == 'b' and not (static.stacked and static.has_bias):
       out[name] = None
-    elif name == 'd_q' and not static.stacked:
+    elif name == 'd_q' and not (static.stacked and not static.wide):
       out[name] = None
     else:
       out[name] = refs.pop(0)
@@ -179,39 +297,47 @@ def _forward_kernel(*refs, static: _Static, lay: str):
   r = _split(refs, static, _FORWARD_REFS)
   choice = r['choice'][...]
   g = _routed_gate(choice, r['gate'], static.heads)
+  # Rows are worked as spans of their columns (one, the whole, up to
+  # SUMMARY_SPAN wide): every per-query [t, d] value is a tuple of them.
+  dims = _dims(r['kv'].shape[-1])
 
   # One (subhead, head) pair per loop iteration, not unrolled (unrolled,
   # every pair's tiles were live at once: register spills on GPUs).
   def subhead(s, carry):
     phi = (None if static.stacked else  # One query for every head.
-           _feature(_sub(r['q'], s, lay).astype(jnp.float32),
-                    static.feature_map))
+           tuple(_feature(_sub(r['q'], s, lay, k).astype(jnp.float32),
+                          static.feature_map) for k in dims))
 
     def head(h, carry):
       num, den, pre_sel = carry
       pre = phi_h = phi
       if static.stacked:
-        pre = _project(r['q'], r['w'], r['b'], h, s, r['y'].dtype)
-        phi_h = _feature(pre.astype(jnp.float32), static.feature_map)
+        pre = _project(r['q'], r['w'], r['b'], h, s, r['y'].dtype, dims)
+        phi_h = tuple(_feature(p.astype(jnp.float32), static.feature_map)
+                      for p in pre)
       # Queries routed nowhere (tile padding) get head 0's.
       take = (choice == h) | (h == 0)
-      num = jnp.where(take, _dot(phi_h, r['kv'][h, s], 1, 0), num)
-      den = jnp.where(take, jnp.sum(phi_h * r['z'][h, s], axis=1,
-                                    keepdims=True), den)
+      num = tuple(jnp.where(take, y, x)
+                  for x, y in zip(num, _apply(phi_h, r['kv'], (h, s), dims)))
+      den = jnp.where(take, _dot_z(phi_h, r['z'], h, s, dims), den)
       if static.stacked:
-        pre_sel = jnp.where(take, pre.astype(jnp.float32), pre_sel)
+        pre_sel = tuple(jnp.where(take, p.astype(jnp.float32), x)
+                        for x, p in zip(pre_sel, pre))
       return num, den, pre_sel
 
-    tile = jnp.zeros((choice.shape[0], r['kv'].shape[-1]), jnp.float32)
+    tiles = tuple(jnp.zeros((choice.shape[0], c1 - c0), jnp.float32)
+                  for c0, c1 in dims)
     num, den, pre_sel = lax.fori_loop(
         0, static.heads, head,
-        (tile, jnp.zeros(choice.shape, jnp.float32),
-         tile if static.stacked else jnp.zeros((), jnp.float32)))
+        (tiles, jnp.zeros(choice.shape, jnp.float32),
+         tiles if static.stacked else jnp.zeros((), jnp.float32)))
     # As the XLA code: gate / (den + eps), times the numerator.
-    _set_sub(r['y'], s, lay,
-             (num * (g / (den + static.epsilon))).astype(r['y'].dtype))
+    ratio = g / (den + static.epsilon)
+    for x, v in zip(num, dims):
+      _set_sub(r['y'], s, lay, (x * ratio).astype(r['y'].dtype), v)
     if static.stacked:
-      _set_sub(r['pre'], s, lay, pre_sel.astype(r['pre'].dtype))
+      for x, k in zip(pre_sel, dims):
+        _set_sub(r['pre'], s, lay, x.astype(r['pre'].dtype), k)
     return carry
 
   lax.fori_loop(0, static.subheads, subhead, 0)
@@ -234,12 +360,15 @@ def _dq_kernel(*refs, static: _Static, lay: str):
   # denominator and <num, dy>, every head's gate term), the second the one
   # [t, d] cotangent. Unrolled, or carrying the routed head's [t, d] tiles,
   # the body spilled registers on GPUs.
+  # Rows as spans of their columns (`_forward_kernel`).
+  dims = _dims(r['kv'].shape[-1])
+
   def subhead(s, carry):
     terms, d_q = carry
-    pre = _sub(r['pre'] if static.stacked else r['q'], s, lay).astype(
-        jnp.float32)
-    phi = _feature(pre, static.feature_map)
-    dy = _sub(r['dy'], s, lay).astype(jnp.float32)
+    pre = tuple(_sub(r['pre'] if static.stacked else r['q'], s, lay,
+                     k).astype(jnp.float32) for k in dims)
+    phi = tuple(_feature(p, static.feature_map) for p in pre)
+    dy = tuple(_sub(r['dy'], s, lay, v).astype(jnp.float32) for v in dims)
     column = jnp.zeros(choice.shape, jnp.float32)
 
     def columns(h, carry):
@@ -247,12 +376,14 @@ def _dq_kernel(*refs, static: _Static, lay: str):
       # Head h's value at every query: its own queries for the
       # straight-through gate's share, else the routed queries (only read
       # where routed to h).
-      phi_h = (_feature(_project(r['q'], r['w'], r['b'], h, s, r['q'].dtype
-                                 ).astype(jnp.float32), static.feature_map)
+      phi_h = (tuple(_feature(p.astype(jnp.float32), static.feature_map)
+                     for p in _project(r['q'], r['w'], r['b'], h, s,
+                                       r['q'].dtype, dims))
                if own_heads else phi)
-      num_dy_h = jnp.sum(_dot(phi_h, r['kv'][h, s], 1, 0) * dy, axis=1,
-                         keepdims=True)
-      den_h = jnp.sum(phi_h * r['z'][h, s], axis=1, keepdims=True)
+      num_dy_h = _total([
+          jnp.sum(num_v * dy_v, axis=1, keepdims=True)
+          for num_v, dy_v in zip(_apply(phi_h, r['kv'], (h, s), dims), dy)])
+      den_h = _dot_z(phi_h, r['z'], h, s, dims)
       term = num_dy_h / (den_h + eps)
       terms = tuple(x + jnp.where(h == k, term, 0.0)
                     for k, x in enumerate(terms))
@@ -269,17 +400,22 @@ def _dq_kernel(*refs, static: _Static, lay: str):
     d_den = -num_dy * ratio * inv
 
     def cotangent(h, d_phi):
-      kv, z = r['kv'][h, s], r['z'][h, s]
       take = (choice == h) | (h == 0)
-      return jnp.where(take, _dot(dy, kv, 1, 1) * ratio + d_den * z, d_phi)
+      return tuple(
+          jnp.where(take, y * ratio + d_den * _cols(r['z'], (h, s), *k), x)
+          for x, y, k in zip(d_phi, _apply_t(dy, r['kv'], (h, s), dims),
+                             dims))
 
     d_phi = lax.fori_loop(0, static.heads, cotangent,
-                          jnp.zeros(phi.shape, jnp.float32))
-    d_pre = d_phi * _slope(pre, static.feature_map)
-    _set_sub(r['d_pre'], s, lay, d_pre.astype(r['d_pre'].dtype))
-    if static.stacked:
+                          tuple(jnp.zeros(p.shape, jnp.float32)
+                                for p in phi))
+    d_pre = tuple(x * _slope(p, static.feature_map)
+                  for x, p in zip(d_phi, pre))
+    for x, k in zip(d_pre, dims):
+      _set_sub(r['d_pre'], s, lay, x.astype(r['d_pre'].dtype), k)
+    if r['d_q'] is not None:
       def head_dq(h, d_q):  # d_q: a [t, span] float32 sum per span.
-        d_pre_h = jnp.where(choice == h, d_pre, 0.0).astype(r['w'].dtype)
+        d_pre_h = jnp.where(choice == h, d_pre[0], 0.0).astype(r['w'].dtype)
         return tuple(part + _dot(d_pre_h, r['w'][h, s, c0:c1, :], 1, 1)
                      for part, (c0, c1) in zip(d_q, spans))
       d_q = lax.fori_loop(0, static.heads, head_dq, d_q)
@@ -287,7 +423,9 @@ def _dq_kernel(*refs, static: _Static, lay: str):
 
   terms = tuple(jnp.zeros(choice.shape, jnp.float32)
                 for _ in range(static.heads))
-  spans = _spans(r['q'].shape[-1]) if static.stacked else []
+  # Wide subheads leave d_q to XLA: its [t, F] float32 sum, carried through
+  # every (subhead, head) pair beside the spans' tiles, spilled registers.
+  spans = _spans(r['q'].shape[-1]) if r['d_q'] is not None else []
   t = choice.shape[0]
   d_q = tuple(jnp.zeros((t, c1 - c0), jnp.float32) for c0, c1 in spans)
   terms, d_q = lax.fori_loop(0, static.subheads, subhead, (terms, d_q))
@@ -302,32 +440,56 @@ def _dq_kernel(*refs, static: _Static, lay: str):
 
 def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
                          d_kv_ref, d_z_ref, *, static: _Static):
-  """d KV_hs and d z_hs over one chunk of query tiles (those routed to h)."""
+  """d KV_hs and d z_hs over one chunk of query tiles (those routed to h).
+
+  Wide subheads (more than one span, `_dims`): the program's part of the
+  grid's last axis names one [span, span] block (k, v) of d KV_hs, and
+  d z_hs's span k; every query's full row still gives its denominator and
+  <num, dy>."""
   t = static.block
   h = pl.program_id(1)
-  kv, z = kv_ref[...], z_ref[...]
+  dims = _dims(kv_ref.shape[-1])
+  whole = len(dims) == 1
+  if whole:
+    kv, z = kv_ref[...], z_ref[...]
+  else:
+    part = lax.rem(pl.program_id(3), len(dims) ** 2)
+    k, v = lax.div(part, len(dims)), lax.rem(part, len(dims))
   eps = static.epsilon
 
   def body(tile, carry):
     d_kv, d_z = carry
     r0 = pl.multiple_of(tile * t, t)
-    pre = pre_ref[pl.ds(r0, t), :].astype(jnp.float32)
-    phi = _feature(pre, static.feature_map)
-    dy = dy_ref[pl.ds(r0, t), :].astype(jnp.float32)
-    mine = choice_ref[pl.ds(r0, t), :] == h
-    inv = 1.0 / (jnp.sum(phi * z, axis=1, keepdims=True) + eps)
-    ratio = gate_ref[pl.ds(r0, t), :] * inv
-    d_num = jnp.where(mine, dy * ratio, 0.0)
-    num = _dot(phi, kv, 1, 0)
-    d_den = jnp.where(
-        mine, -jnp.sum(num * dy, axis=1, keepdims=True) * ratio * inv, 0.0)
-    d_kv = d_kv + _dot(phi, d_num, 0, 0)
-    d_z = d_z + jnp.sum(phi * d_den, axis=0, keepdims=True)
+    rows = pl.ds(r0, t)
+    mine = choice_ref[rows, :] == h
+    if whole:
+      pre = pre_ref[rows, :].astype(jnp.float32)
+      phi = _feature(pre, static.feature_map)
+      dy = dy_ref[rows, :].astype(jnp.float32)
+      inv = 1.0 / (jnp.sum(phi * z, axis=1, keepdims=True) + eps)
+      num_dy = jnp.sum(_dot(phi, kv, 1, 0) * dy, axis=1, keepdims=True)
+      phi_k, dy_v = phi, dy
+    else:
+      phi = tuple(_feature(pre_ref[rows, k0:k1].astype(jnp.float32),
+                           static.feature_map) for k0, k1 in dims)
+      dy = tuple(dy_ref[rows, v0:v1].astype(jnp.float32) for v0, v1 in dims)
+      inv = 1.0 / (_total([jnp.sum(p * z_ref[:, k0:k1], axis=1,
+                                   keepdims=True)
+                           for p, (k0, k1) in zip(phi, dims)]) + eps)
+      num_dy = _total([jnp.sum(x * y, axis=1, keepdims=True)
+                       for x, y in zip(_apply(phi, kv_ref, (), dims), dy)])
+      phi_k, dy_v = _pick(phi, k), _pick(dy, v)
+    ratio = gate_ref[rows, :] * inv
+    d_num = jnp.where(mine, dy_v * ratio, 0.0)
+    d_den = jnp.where(mine, -num_dy * ratio * inv, 0.0)
+    d_kv = d_kv + _dot(phi_k, d_num, 0, 0)
+    d_z = d_z + jnp.sum(phi_k * d_den, axis=0, keepdims=True)
     return d_kv, d_z
 
   d_kv, d_z = lax.fori_loop(
       0, static.chunk, body,
-      (jnp.zeros(kv.shape, jnp.float32), jnp.zeros(z.shape, jnp.float32)))
+      (jnp.zeros(d_kv_ref.shape, jnp.float32),
+       jnp.zeros(d_z_ref.shape, jnp.float32)))
   d_kv_ref[...] = d_kv
   d_z_ref[...] = d_z
 
@@ -344,14 +506,12 @@ TILE_WARPS = 8
 TILE_STAGES = 1
 # The dQ kernel of 'single' projections (one query map for every head): at
 # 8 warps ptxas settled on 128 registers and spilled (ListOps' and Text's
-# configs, 8 and 4 heads of 64); 4 warps do not.
+# configs, 8 and 4 heads of 64); 4 warps do not. Subheads of SUMMARY_SPAN
+# and wider keep TILE_WARPS: at 4, each [span, span] float32 block of a
+# summary takes 128 registers a thread, and d = 256 spilled.
 SINGLE_DQ_WARPS = 4
 # The largest query tile at padded head dims of 128 and more.
 WIDE_HEAD_BLOCK = 16
-# The widest head the kernels take on GPUs: they read each head's [d, d]
-# summary whole, and at d = 256 the forward kernel asked for 320 KiB of
-# shared memory (an H100 / H200 block may use 227 KiB). TPUs take it.
-GPU_MAX_HEAD_DIM = 128
 
 
 def _launch(specs, arrays, tile: int, width: int, axes: int,
@@ -452,48 +612,69 @@ def _forward(static: _Static, q, w, b, kv, z, choice, gate):
 
 
 def _summary_grads(static: _Static, pre, dy, choice, gate, kv, z):
-  """Partial sums `[batch, H, S, chunks, d, d]` and `[..., 1, d]`."""
+  """d KV `[batch, H, S, d, d]` and d z `[..., 1, d]`: the chunks' partial
+  sums, added."""
   batch, n = choice.shape[:2]
   s_, d = static.subheads, kv.shape[-1]
   h_, t = static.heads, static.block
   rows = static.chunk * t
   chunks = n // rows
   kernel = functools.partial(_summary_grad_kernel, static=static)
+  # Wide subheads: each chunk's programs are (k, v) blocks of d KV, span
+  # wide; each writes d z's span k into a slot of its own v.
+  spans = len(_dims(d))
+  span = d // spans
+  parts = spans * spans
+  if parts == 1:
+    chunk_of = lambda c: c
+    kv_block = dz_block = lambda b, h, s, c: (b, h, s, c, 0, 0)
+  else:
+    chunk_of = lambda c: lax.div(c, parts)
+    kv_block = lambda b, h, s, c: (
+        b, h, s, lax.div(c, parts), lax.div(lax.rem(c, parts), spans),
+        lax.rem(c, spans))
+    dz_block = lambda b, h, s, c: (
+        b, h, s, lax.div(c, parts) * spans + lax.rem(c, spans), 0,
+        lax.div(lax.rem(c, parts), spans))
 
   def seq(width, lay):  # One subhead's chunk of rows.
     if lay == 'bhnd':
       return pl.BlockSpec((None, None, rows, width),
-                          lambda b, h, s, c: (b, s, c, 0))
+                          lambda b, h, s, c: (b, s, chunk_of(c), 0))
     return pl.BlockSpec((None, rows, None, width),
-                        lambda b, h, s, c: (b, c, s, 0))
+                        lambda b, h, s, c: (b, chunk_of(c), s, 0))
   in_specs = [
       seq(d, 'bhnd'), seq(d, 'bhnd'),
-      pl.BlockSpec((None, rows, 1), lambda b, h, s, c: (b, c, 0)),
-      pl.BlockSpec((None, None, rows, 1), lambda b, h, s, c: (b, h, c, 0)),
+      pl.BlockSpec((None, rows, 1), lambda b, h, s, c: (b, chunk_of(c), 0)),
+      pl.BlockSpec((None, None, rows, 1),
+                   lambda b, h, s, c: (b, h, chunk_of(c), 0)),
       pl.BlockSpec((None, None, None, d, d),
                    lambda b, h, s, c: (b, h, s, 0, 0)),
       pl.BlockSpec((None, None, None, 1, d),
                    lambda b, h, s, c: (b, h, s, 0, 0))]
   out_specs = [
-      pl.BlockSpec((None, None, None, None, d, d),
-                   lambda b, h, s, c: (b, h, s, c, 0, 0)),
-      pl.BlockSpec((None, None, None, None, 1, d),
-                   lambda b, h, s, c: (b, h, s, c, 0, 0))]
+      pl.BlockSpec((None, None, None, None, span, span), kv_block),
+      pl.BlockSpec((None, None, None, None, 1, span), dz_block)]
   out_shape = [
       jax.ShapeDtypeStruct((batch, h_, s_, chunks, d, d), jnp.float32),
-      jax.ShapeDtypeStruct((batch, h_, s_, chunks, 1, d), jnp.float32)]
+      jax.ShapeDtypeStruct((batch, h_, s_, chunks * spans, 1, d),
+                           jnp.float32)]
 
   def call(params, interpret):
     lay = _lay(static, params)
     return pl.pallas_call(
-        kernel, grid=(batch, h_, s_, chunks),
+        kernel, grid=(batch, h_, s_, chunks * parts),
         in_specs=[seq(d, lay), seq(d, lay)] + in_specs[2:],
         out_specs=out_specs, out_shape=out_shape, compiler_params=params,
         interpret=interpret, name='adamra_routed_summary_grad')
   args = [pre, dy, choice, gate, kv, z]
-  launch = _launch(in_specs + out_specs, args + out_shape, rows, d, 4)
-  return _on_every_platform(call, launch, _relayout(
+  launch = _launch(in_specs + out_specs, args + out_shape, rows, d, 4,
+                   *((TILE_WARPS, TILE_STAGES) if spans > 1 else ()))
+  d_kv, d_z = _on_every_platform(call, launch, _relayout(
       static, [True, True] + [False] * 4, [False, False]))(*args)
+  # Every v slot holds the same d z: the first's.
+  d_z = d_z.reshape(batch, h_, s_, chunks, spans, 1, d)[:, :, :, :, 0]
+  return jnp.sum(d_kv, axis=3), jnp.sum(d_z, axis=3)
 
 
 def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
@@ -516,7 +697,7 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
     out_shape = [jax.ShapeDtypeStruct(_sub_shape(batch, s_, n, d, lay),
                                       pre.dtype)]
     out_specs, out_flags = [sub], [True]
-    if static.stacked:
+    if static.stacked and not static.wide:
       out_shape.append(jax.ShapeDtypeStruct(q.shape, q.dtype))
       out_specs.append(_rows((), t, q.shape[2]))
       out_flags.append(False)
@@ -535,21 +716,22 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
         name='adamra_routed_dq')
   args, specs, flags, out_shape, out_specs, out_flags = plumbing('bhnd')
   launch = _launch(specs + out_specs, args + out_shape, t, d, 2,
-                   warps=TILE_WARPS if static.stacked else SINGLE_DQ_WARPS,
+                   warps=(TILE_WARPS if static.stacked or d >= SUMMARY_SPAN
+                          else SINGLE_DQ_WARPS),
                    stages=TILE_STAGES)
   outs = _on_every_platform(call, launch, _relayout(static, flags,
                                                     out_flags))(*args)
   d_pre, d_gate = outs[0], outs[-1]
 
   d_kv, d_z = _summary_grads(static, pre, dy, choice, gate, kv, z)
-  d_kv, d_z = jnp.sum(d_kv, axis=3), jnp.sum(d_z, axis=3)
 
   if not static.stacked:
     return d_pre, None, None, d_kv, d_z, d_gate
-  d_q = outs[1]
   # The per-head maps: each a sum over every query routed to h of
-  # q^T dpre, one large product per head.
+  # q^T dpre, one large product per head; wide subheads' d_q likewise, a
+  # sum over heads of dpre W_h^T where routed to h.
   d_w, d_b = [], []
+  d_q = None if static.wide else outs[1]
   bnhd = static.layout == 'bnhd'
   for h in range(h_):
     # [batch, n, 1, 1] ('bnhd') or [batch, 1, n, 1].
@@ -557,9 +739,16 @@ def _backward(static: _Static, q, w, b, kv, z, choice, gate, pre, dy):
     d_pre_h = jnp.where(mine, d_pre, jnp.zeros((), d_pre.dtype))
     d_w.append(jnp.einsum('bnf,bnsd->sfd' if bnhd else 'bnf,bsnd->sfd', q,
                           d_pre_h, preferred_element_type=jnp.float32))
+    if static.wide:
+      part = jnp.einsum('bnsd,sfd->bnf' if bnhd else 'bsnd,sfd->bnf',
+                        d_pre_h.astype(w.dtype), w[h],
+                        preferred_element_type=jnp.float32)
+      d_q = part if d_q is None else d_q + part
     if static.has_bias:
       d_b.append(jnp.sum(d_pre_h.astype(jnp.float32),
                          axis=(0, 1) if bnhd else (0, 2))[:, None])
+  if static.wide:
+    d_q = d_q.astype(q.dtype)
   d_w = jnp.stack(d_w).astype(w.dtype)
   d_b = jnp.stack(d_b).astype(b.dtype) if static.has_bias else None
   return d_q, d_w, d_b, d_kv, d_z, d_gate
@@ -665,13 +854,6 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
   batch, n = choice.shape
   heads, subheads, d = kv.shape[1], kv.shape[2], kv.shape[3]
   dp = _width(d)
-  if dp > GPU_MAX_HEAD_DIM and jax.default_backend() in ('gpu', 'cuda',
-                                                         'rocm'):
-    raise ValueError(
-        f"AdaMRA's Pallas kernels read each head's [{d}, {d}] summary "
-        f'whole: beyond head dim {GPU_MAX_HEAD_DIM} it outgrows the shared '
-        "memory of a GPU block; use implementation='xla' (or a head dim of "
-        f'at most {GPU_MAX_HEAD_DIM}).')
   t = tile(n, d, q.dtype, block)
   n_pad = -(-n // t) * t
   # Wide subheads are read heads-major: in the model's layout the dQ
@@ -701,7 +883,8 @@ def routed_attention(q: Array, kv: Array, z: Array, choice: Array,
                    feature_map=feature_map, epsilon=float(epsilon),
                    stacked=stacked, has_bias=stacked and bias is not None,
                    all_gate_gradients=all_gate_gradients,
-                   chunk=_chunk_tiles(n_pad // t), layout=layout)
+                   chunk=_chunk_tiles(n_pad // t), layout=layout,
+                   wide=dp > SUMMARY_SPAN)
   # One call per batch shard inside a mesh (`mesh.batch_parallel`); the
   # maps are every shard's.
   y = mesh_lib.batch_parallel(

@@ -135,11 +135,30 @@ def test_tpu_form_equals_xla_with_gradients(monkeypatch, cid, knobs, rate):
     jax.clear_caches()
 
 
-@pytest.mark.parametrize('dim', [32, 128], ids=['model-layout', 'wide'])
+@pytest.mark.parametrize('dim', [32, 128, 192],
+                         ids=['model-layout', 'wide', 'spans'])
 @pytest.mark.parametrize('stacked', [False, True], ids=['shared', 'stacked'])
 def test_routed_attention_equals_reference(dim, stacked):
   # Subheads under 128 wide are read in the model's layout, wider ones
-  # heads-major: both equal the reference, with gradients.
+  # heads-major; beyond SUMMARY_SPAN (192, padded to 256) the summaries
+  # and rows are worked in spans, d KV in blocks: all equal the reference,
+  # with gradients.
+  _routed_equals_reference(dim, stacked)
+
+
+@pytest.mark.parametrize('stacked', [False, True], ids=['shared', 'stacked'])
+def test_spans_in_the_tpu_form_equal_the_reference(monkeypatch, stacked):
+  # The TPU form (heads-major, Mosaic's lane-aligned spans) of the wide
+  # subheads' spans and d KV blocks.
+  jax.clear_caches()  # No program traced in the other form.
+  monkeypatch.setattr(flash, 'INTERPRET_TPU_FORM', True)
+  try:
+    _routed_equals_reference(192, stacked)
+  finally:
+    jax.clear_caches()
+
+
+def _routed_equals_reference(dim, stacked):
   batch, n, heads, subheads, features = 2, 40, 3, 2, 32
   keys = iter(jax.random.split(jax.random.PRNGKey(7), 8))
   normal = lambda shape: jax.random.normal(next(keys), shape)
@@ -257,19 +276,3 @@ def test_bad_feature_map_is_named():
         jnp.ones((1, 16, 1)), feature_map='tanh')
 
 
-@pytest.mark.parametrize('backend', ['gpu', 'tpu'])
-@pytest.mark.parametrize('dim', [128, 256])
-def test_wide_heads_are_refused_on_gpus_only(monkeypatch, backend, dim):
-  """Head dims beyond GPU_MAX_HEAD_DIM: one line naming the fix on a GPU
-  (the [d, d] summaries outgrow a block's shared memory); TPUs take them."""
-  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
-  s = jax.ShapeDtypeStruct
-  args = (s((1, 64, 1, dim), jnp.float32), s((1, 2, 1, dim, dim), jnp.float32),
-          s((1, 2, 1, dim), jnp.float32), s((1, 64), jnp.int32),
-          s((1, 64, 2), jnp.float32))
-  trace = lambda: jax.eval_shape(routed_kernels.routed_attention, *args)
-  if backend == 'gpu' and dim > routed_kernels.GPU_MAX_HEAD_DIM:
-    with pytest.raises(ValueError, match="implementation='xla'"):
-      trace()
-  else:
-    assert trace().shape == (1, 64, 1, dim)

@@ -7,7 +7,8 @@ memory beyond the limit and on register spills. Every mechanism variant
 with a Pallas implementation, forward and gradients, at the `runlocal`
 shape of the LRA configs (float32, 100 tokens, head dim 16) and at a
 length that is a multiple of no tile (bfloat16, 1000 tokens, head dim
-64, attention dropout 0.1: the kernels' keep-mask hashing); and the layer
+64, attention dropout 0.1: the kernels' keep-mask hashing), on the H200
+also at head dim 256 in float32; and the layer
 of task configs with a Pallas mechanism as their models run them
 (`kernels.config_case`: the config's knobs, heads, head dim, length and
 dropout, metrics collected as in the train step).
@@ -38,9 +39,15 @@ pytestmark = [
 
 SHAPES = ((100, 16, 'float32', 0.0), (1000, 64, 'bfloat16', 0.1))
 TARGETS = ('v5e-4', 'h200')
+# Wide float32 heads on the GPU, where their tiles meet the shared-memory
+# and register limits (AdaMRA works its [d, d] summaries in spans there).
+WIDE = (1000, 256, 'float32', 0.1)
 CASES = [kernel_matrix.Case(variant, target, n, d, dtype, dropout=rate)
          for variant, _, _ in kernel_matrix.VARIANTS
          for target in TARGETS for n, d, dtype, rate in SHAPES]
+CASES += [kernel_matrix.Case(variant, 'h200', WIDE[0], WIDE[1], WIDE[2],
+                             dropout=WIDE[3])
+          for variant, _, _ in kernel_matrix.VARIANTS]
 
 
 def reaching(cases):
