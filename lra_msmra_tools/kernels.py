@@ -2,7 +2,8 @@ r"""Does every Pallas kernel compile on every target? A deviceless sweep.
 
   python -m lra_msmra_tools.kernels --targets v5e-4,v4-8,h200:1 \
       --lengths 1K,4K,16K --head_dims 32,64,128 --dtypes bfloat16,float32 \
-      [--dropouts 0,0.1] [--forms bidirectional,causal] \
+      [--dropouts 0,0.1] [--forms bidirectional,causal] [--heads 4] \
+      [--batch 2] \
       --cache runs/kernel_matrix.json [--out F.md] [--doc docs/scaling.md] \
       [--cached_only]
   python -m lra_msmra_tools.kernels --targets v5e-4,h200 --configs all \
@@ -20,8 +21,10 @@ jitted over one compile-only device of the target and really compiled:
   (`Target.compiler_options`).
 
 Cases: every mechanism variant of `VARIANTS` x length x head dim x dtype x
-attention dropout x form (bidirectional, causal) x target; the batch is 2
-with a padding mask (its values are not part of a compiled program).
+attention dropout x form (bidirectional, causal) x target, at `--heads`
+heads (4) and a batch of `--batch` (2) with a padding mask (its values are
+not part of a compiled program). A variant without a causal form leaves
+out its causal cases, in a line.
 `--configs` compiles instead the layer of each task config as its model
 runs it (`config_case`): the config's knobs, heads, head dim, input width,
 dtype, attention dropout and form, at the length its encoder's layers
@@ -34,8 +37,8 @@ worker process (`--jobs` at a time); finished cases are kept in `--cache`
 (`--cached_only`: the tables of what is in the cache, compiling nothing).
 It prints a summary per target and a table, a row per case, and exits 1
 if any case failed; `--doc` puts the summary into docs/scaling.md.
-`tests/kernels/test_compile.py` runs a small matrix of it, and every task
-config's layer, on v5e and the H200.
+`tests/kernels/test_compile.py` runs a small matrix of it, and task
+configs' layers, on v5e and the H200.
 """
 
 from __future__ import annotations
@@ -416,6 +419,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                       '--dtypes) and dropout')
   p.add_argument('--forms', default='bidirectional',
                  help='bidirectional, causal or both (comma-separated)')
+  p.add_argument('--heads', type=int, default=HEADS,
+                 help='attention heads of each layer')
+  p.add_argument('--batch', type=int, default=BATCH,
+                 help='batch of each layer (with a padding mask)')
   p.add_argument('--jobs', type=int, default=os.cpu_count() or 1)
   p.add_argument('--cache', default=None,
                  help='JSON of finished cases: a rerun continues from it')
@@ -438,7 +445,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     given = [a.split('=')[0] for a in argv]
     sweep = [a for a in given if a in ('--variants', '--lengths',
                                        '--head_dims', '--dropouts',
-                                       '--forms')]
+                                       '--forms', '--heads', '--batch')]
     if args.configs and sweep:
       p.error(f'--configs compiles each config\'s own layer (its length, '
               f'head dim, dropout and form); drop {", ".join(sweep)}.')
@@ -457,6 +464,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.error(f'--dropouts: {args.dropouts!r} is not a list of rates.')
   if not all(0.0 <= r < 1.0 for r in args.dropout_list):
     p.error(f'--dropouts: {args.dropouts!r}: each rate in [0, 1).')
+  if args.heads < 1 or args.batch < 1:
+    p.error(f'--heads {args.heads} / --batch {args.batch}: each at least 1.')
   args.form_list = args.forms.split(',')
   for form in args.form_list:
     if form not in ('bidirectional', 'causal'):
@@ -474,7 +483,8 @@ def main(argv: Sequence[str]) -> int:
     cases = [config_case(c, t, dtype) for t in args.targets.split(',')
              for c in args.config_list for dtype in args.config_dtypes]
   else:
-    cases = [Case(v, t, n, d, dt, dropout=r, causal=form == 'causal')
+    cases = [Case(v, t, n, d, dt, heads=args.heads, batch=args.batch,
+                  dropout=r, causal=form == 'causal')
              for t in args.targets.split(',')
              for v in args.variants.split(',')
              for n in args.length_list for d in args.head_dim_list
@@ -520,7 +530,7 @@ def main(argv: Sequence[str]) -> int:
           f'({time.strftime("%Y-%m-%d")}, {compile_lib.versions()}): forward and gradients of one layer, '
           + (f'as each config\'s model runs it, batch {BATCH} with padding'
              if args.config_list else
-             f'batch {BATCH} with padding, {HEADS} heads')
+             f'batch {args.batch} with padding, {args.heads} heads')
           + f'; {len(records)} of '
           f'{len(cases)} cases compiled'
           + (f' ({left} not run yet: the same command compiles them)'

@@ -11,6 +11,7 @@ implementation (and of its options).
 The compiles themselves are in tests/kernels/test_compile.py (-m extras).
 """
 
+import dataclasses
 import glob
 import os
 
@@ -90,6 +91,8 @@ def test_config_case_is_the_layer_the_model_runs(label):
     (['--configs', 'all', '--lengths', '1K'], 'drop --lengths'),
     (['--configs=text/cst.py', '--head_dims=32', '--forms=causal'],
      'drop --head_dims, --forms'),
+    (['--configs', 'all', '--heads', '3'], 'drop --heads'),
+    (['--heads', '0'], 'each at least 1'),
 ])
 def test_wrong_configs_flags_are_one_line(capsys, argv, problem):
   with pytest.raises(SystemExit) as e:
@@ -114,6 +117,24 @@ def test_configs_take_their_own_dtype_or_those_of_dtypes():
   case = kernels.config_case('text/cst.py', 'h200', 'bfloat16')
   assert case.dtype == 'bfloat16'
   assert kernels.config_case('text/cst.py', 'h200').dtype == 'float32'
+
+
+def test_heads_and_batch_reach_the_cases(monkeypatch):
+  # The sweep's cases take --heads and --batch (the compile itself is
+  # stubbed: the cases it would compile are what is checked).
+  seen = []
+  monkeypatch.setattr(kernels, 'run', lambda cases, *a, **k: seen.extend(
+      cases) or [dict(dataclasses.asdict(c), key=c.key, status='ok',
+                      seconds=0.0) for c in cases])
+  monkeypatch.setattr(kernels.targets_lib, 'prepare_environment',
+                      lambda: None)
+  monkeypatch.setattr(kernels.targets_lib.Target, 'check_packages',
+                      lambda self: None)
+  assert kernels.main(['kernels', '--targets', 'h200', '--variants', 'cst',
+                       '--lengths', '100', '--head_dims', '16',
+                       '--dtypes', 'float32', '--dropouts', '0',
+                       '--heads', '3', '--batch', '5']) == 0
+  assert [(c.heads, c.batch) for c in seen] == [(3, 5)]
 
 
 def test_only_variants_with_a_causal_form_are_compiled_causal():
