@@ -186,27 +186,21 @@ def _blocked(rows: int, width: int, ins: int, outs: int, operand, block,
   return lax.fori_loop(0, ins * outs, step, zeros)
 
 
-def _apply(phi, kv_ref, lead: tuple, dims) -> tuple:
-  """phi KV (`kv_ref[lead]`, read one [span, span] block at a time), phi
-  and the result as spans (`_dims`)."""
+def _apply(x, kv_ref, lead: tuple, dims, transposed: bool = False
+           ) -> tuple:
+  """x KV, or x KV^T (`transposed`), of the summary `kv_ref[lead]` (read
+  one [span, span] block at a time); x and the result as spans
+  (`_dims`)."""
+  contract = 1 if transposed else 0
   if len(dims) == 1:
-    return (_dot(phi[0], kv_ref[lead], 1, 0),)
+    return (_dot(x[0], kv_ref[lead], 1, contract),)
   n, span = len(dims), dims[0][1]
-  return _blocked(
-      phi[0].shape[0], span, n, n, lambda k: _pick(phi, k),
-      lambda k, v: kv_ref[lead + (_at(k, span, n), _at(v, span, n))],
-      lambda p, kv: _dot(p, kv, 1, 0))
 
-
-def _apply_t(y, kv_ref, lead: tuple, dims) -> tuple:
-  """y KV^T, y and the result as spans."""
-  if len(dims) == 1:
-    return (_dot(y[0], kv_ref[lead], 1, 1),)
-  n, span = len(dims), dims[0][1]
-  return _blocked(
-      y[0].shape[0], span, n, n, lambda v: _pick(y, v),
-      lambda v, k: kv_ref[lead + (_at(k, span, n), _at(v, span, n))],
-      lambda x, kv: _dot(x, kv, 1, 1))
+  def block(i, o):  # x's span i, the result's span o.
+    k, v = (o, i) if transposed else (i, o)
+    return kv_ref[lead + (_at(k, span, n), _at(v, span, n))]
+  return _blocked(x[0].shape[0], span, n, n, lambda i: _pick(x, i), block,
+                  lambda a, kv: _dot(a, kv, 1, contract))
 
 
 def _dot_z(phi, z_ref, h, s, dims) -> Array:
@@ -403,7 +397,7 @@ def _dq_kernel(*refs, static: _Static, lay: str):
       take = (choice == h) | (h == 0)
       return tuple(
           jnp.where(take, y * ratio + d_den * _cols(r['z'], (h, s), *k), x)
-          for x, y, k in zip(d_phi, _apply_t(dy, r['kv'], (h, s), dims),
+          for x, y, k in zip(d_phi, _apply(dy, r['kv'], (h, s), dims, True),
                              dims))
 
     d_phi = lax.fori_loop(0, static.heads, cotangent,
