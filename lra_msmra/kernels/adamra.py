@@ -127,23 +127,29 @@ def _slope(pre: Array, feature_map: str) -> Array:
   return jnp.where(pre > 0, 1.0, jnp.exp(jnp.minimum(pre, 0.0)))
 
 
-def _spans(width: int) -> list[tuple[int, int]]:
-  """The static column spans of a first-stage query row `width` wide, at
-  most PROJECT_SPAN each."""
-  step = min(width, PROJECT_SPAN)
+def _spans(width: int, most: int = PROJECT_SPAN) -> list[tuple[int, int]]:
+  """The static column spans of a row `width` wide, at most `most` each
+  (one, the whole, up to it): a first-stage query row's (PROJECT_SPAN), or
+  a (padded) subhead's (SUMMARY_SPAN)."""
+  step = min(width, most)
   return [(c, c + step) for c in range(0, width, step)]
 
 
 def _dims(width: int) -> list[tuple[int, int]]:
-  """The static spans of a (padded) subhead `width` wide, at most
-  SUMMARY_SPAN each: one, the whole, up to SUMMARY_SPAN."""
-  step = min(width, SUMMARY_SPAN)
-  return [(c, c + step) for c in range(0, width, step)]
+  """The spans of a (padded) subhead `width` wide (`_spans`)."""
+  return _spans(width, SUMMARY_SPAN)
 
 
 def _total(parts) -> Array:
   """The sum of a sequence of arrays (the first itself if it is alone)."""
   return functools.reduce(operator.add, parts)
+
+
+def _row_dot(xs, ys) -> Array:
+  """<x, y> per row, a column `[t, 1]`, of two rows given as their
+  spans."""
+  return _total([jnp.sum(x * y, axis=1, keepdims=True)
+                 for x, y in zip(xs, ys)])
 
 
 def _pick(parts, index: Array) -> Array:
@@ -203,10 +209,10 @@ def _apply(x, kv_ref, lead: tuple, dims, transposed: bool = False
                   lambda a, kv: _dot(a, kv, 1, contract))
 
 
-def _dot_z(phi, z_ref, h, s, dims) -> Array:
-  """phi . z_hs per query, a column `[t, 1]`; phi given as its spans."""
-  return _total([jnp.sum(p * _cols(z_ref, (h, s), k0, k1), axis=1,
-                         keepdims=True) for p, (k0, k1) in zip(phi, dims)])
+def _dot_z(phi, z_ref, lead: tuple, dims) -> Array:
+  """phi . z (`z_ref[lead]`, `[1, d]`) per query, a column `[t, 1]`; phi
+  given as its spans."""
+  return _row_dot(phi, [_cols(z_ref, lead, k0, k1) for k0, k1 in dims])
 
 
 def _project(q_ref, w_ref, b_ref, h: int, s: int, dtype, dims) -> tuple:
@@ -313,7 +319,7 @@ def _forward_kernel(*refs, static: _Static, lay: str):
       take = (choice == h) | (h == 0)
       num = tuple(jnp.where(take, y, x)
                   for x, y in zip(num, _apply(phi_h, r['kv'], (h, s), dims)))
-      den = jnp.where(take, _dot_z(phi_h, r['z'], h, s, dims), den)
+      den = jnp.where(take, _dot_z(phi_h, r['z'], (h, s), dims), den)
       if static.stacked:
         pre_sel = tuple(jnp.where(take, p.astype(jnp.float32), x)
                         for x, p in zip(pre_sel, pre))
@@ -374,10 +380,8 @@ def _dq_kernel(*refs, static: _Static, lay: str):
                      for p in _project(r['q'], r['w'], r['b'], h, s,
                                        r['q'].dtype, dims))
                if own_heads else phi)
-      num_dy_h = _total([
-          jnp.sum(num_v * dy_v, axis=1, keepdims=True)
-          for num_v, dy_v in zip(_apply(phi_h, r['kv'], (h, s), dims), dy)])
-      den_h = _dot_z(phi_h, r['z'], h, s, dims)
+      num_dy_h = _row_dot(_apply(phi_h, r['kv'], (h, s), dims), dy)
+      den_h = _dot_z(phi_h, r['z'], (h, s), dims)
       term = num_dy_h / (den_h + eps)
       terms = tuple(x + jnp.where(h == k, term, 0.0)
                     for k, x in enumerate(terms))
@@ -467,11 +471,8 @@ def _summary_grad_kernel(pre_ref, dy_ref, choice_ref, gate_ref, kv_ref, z_ref,
       phi = tuple(_feature(pre_ref[rows, k0:k1].astype(jnp.float32),
                            static.feature_map) for k0, k1 in dims)
       dy = tuple(dy_ref[rows, v0:v1].astype(jnp.float32) for v0, v1 in dims)
-      inv = 1.0 / (_total([jnp.sum(p * z_ref[:, k0:k1], axis=1,
-                                   keepdims=True)
-                           for p, (k0, k1) in zip(phi, dims)]) + eps)
-      num_dy = _total([jnp.sum(x * y, axis=1, keepdims=True)
-                       for x, y in zip(_apply(phi, kv_ref, (), dims), dy)])
+      inv = 1.0 / (_dot_z(phi, z_ref, (), dims) + eps)
+      num_dy = _row_dot(_apply(phi, kv_ref, (), dims), dy)
       phi_k, dy_v = _pick(phi, k), _pick(dy, v)
     ratio = gate_ref[rows, :] * inv
     d_num = jnp.where(mine, dy_v * ratio, 0.0)
