@@ -192,21 +192,33 @@ def config_case(label: str, target: str,
               features=m.emb_dim)
 
 
-def has_causal_form(variant: str) -> bool:
-  """Whether the variant's layer builds with `causal=True` (a mechanism or
-  knob without a causal form raises NotImplementedError, as in 'xla')."""
+def _layer(case: Case, mechanism: str, kw: dict[str, Any]):
+  """The case's attention layer (`StandaloneAttention`, as the encoder
+  builds it, `implementation='pallas'`) and its parameters' shapes; the
+  mechanism and knobs are its variant's (`_variant`)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
   from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
-  mechanism, kw = _variant(variant)
+  dtype = jnp.dtype(case.dtype)
+  features = case.features or case.heads * case.head_dim
   layer = standalone.StandaloneAttention(
       mechanism=mechanism, kw=FrozenDict(dict(kw, implementation='pallas')),
-      num_heads=HEADS, qkv_features=HEADS * 16, max_len=256, causal=True)
+      num_heads=case.heads, qkv_features=case.heads * case.head_dim,
+      dtype=dtype, max_len=case.length, dropout_rate=case.dropout,
+      causal=case.causal)
+  params = jax.eval_shape(lambda: layer.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, case.length, features), dtype),
+      padding_mask=jnp.ones((1, case.length), bool)))
+  return layer, params
+
+
+def has_causal_form(variant: str) -> bool:
+  """Whether the variant's layer builds with `causal=True` (a mechanism or
+  knob without a causal form raises NotImplementedError, as in 'xla')."""
   try:
-    jax.eval_shape(lambda: layer.init(
-        jax.random.PRNGKey(0), jnp.zeros((1, 256, HEADS * 16)),
-        padding_mask=jnp.ones((1, 256), bool)))
+    _layer(Case(variant, '', 256, 16, 'float32', causal=True),
+           *_variant(variant))
   except NotImplementedError:
     return False
   return True
@@ -225,8 +237,6 @@ def compile_case(case: Case) -> dict[str, Any]:
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update('jax_disable_most_optimizations', False)
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from flax.core import FrozenDict  # pylint: disable=g-import-not-at-top
-  from lra_msmra.attention import standalone  # pylint: disable=g-import-not-at-top
 
   target = targets_lib.parse(case.target)
   mechanism, kw = _variant(case.variant)
@@ -237,14 +247,7 @@ def compile_case(case: Case) -> dict[str, Any]:
     sharding = jax.sharding.SingleDeviceSharding(device)
     dtype = jnp.dtype(case.dtype)
     features = case.features or case.heads * case.head_dim
-    layer = standalone.StandaloneAttention(
-        mechanism=mechanism, kw=FrozenDict(dict(kw, implementation='pallas')),
-        num_heads=case.heads, qkv_features=case.heads * case.head_dim,
-        dtype=dtype, max_len=case.length, dropout_rate=case.dropout,
-        causal=case.causal)
-    params = jax.eval_shape(lambda: layer.init(
-        jax.random.PRNGKey(0), jnp.zeros((1, case.length, features), dtype),
-        padding_mask=jnp.ones((1, case.length), bool)))
+    layer, params = _layer(case, mechanism, kw)
     place = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                            sharding=sharding)
     params = jax.tree.map(place, params)
