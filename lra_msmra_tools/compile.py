@@ -462,7 +462,8 @@ def compile_step(program: Any, target: targets.Target, kernel_stats: bool
 
   Returns the memory figures (`_memory`), `seconds`, `cost`, and
   `failures` and `notes` (lines); `oom` with the bytes libtpu reports when
-  the program does not fit a TPU's HBM; `kernels` (GPU, `kernel_stats`):
+  the program does not fit a TPU's HBM (and, in `seconds_total`, the time
+  until that refusal); `kernels` (GPU, `kernel_stats`):
   each Pallas kernel's shared memory, registers and spills.
 
   GPU compiles fail on any kernel that spills registers
@@ -476,14 +477,17 @@ def compile_step(program: Any, target: targets.Target, kernel_stats: bool
   dump_dir = tempfile.mkdtemp(prefix='lra_compile_dump_') if (
       kernel_stats) else None
   try:
+    start = time.perf_counter()
     try:
       compiled, seconds = compile_once(program.fn, program.args, target,
                                        dump_dir)
     except Exception as e:  # pylint: disable=broad-except
       text = str(e)
       if is_out_of_memory(text):
+        # The time until the refusal (tracing and lowering included).
         out.update(oom=True, total=parse_oom(text),
-                   message=_one_line(text, 300))
+                   message=_one_line(text, 300),
+                   seconds_total=time.perf_counter() - start)
         return out
       if not (target.platform == 'cuda' and is_spill(text)):
         out['failures'].append(failure_line(e))

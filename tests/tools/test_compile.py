@@ -24,6 +24,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -378,6 +380,27 @@ def test_out_of_memory_lines():
   assert line.startswith('a kernel spills registers (compile fails under '
                          '--xla_gpu_fail_ptx_compilation_on_register_'
                          'spilling=true)')
+
+
+def test_a_refused_step_keeps_its_compile_time(monkeypatch):
+  """A step the TPU compiler refuses as too big still took compile time:
+  the cell's compile time counts it (it used to read 0 s)."""
+  text = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory '
+          'required for HLO temporaries (72.11G) exceeds available HBM '
+          '(15.75G).')
+
+  def refuse(*args, **kwargs):
+    del args, kwargs
+    time.sleep(0.05)
+    raise RuntimeError(text)
+
+  monkeypatch.setattr(compile_lib, 'compile_once', refuse)
+  program = types.SimpleNamespace(fn=None, args=(), name='train_step')
+  step = compile_lib.compile_step(program, targets.parse('v5e-4'),
+                                  kernel_stats=False)
+  assert step['oom'] and step['total'] == int(72.11 * (1 << 30))
+  assert step['seconds_total'] >= 0.05
+  assert step['failures'] == [] and 'seconds' not in step
 
 
 def test_step_time_is_an_estimate_or_a_lower_bound():
