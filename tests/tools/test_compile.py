@@ -383,8 +383,8 @@ def test_out_of_memory_lines():
 
 
 def test_a_refused_step_keeps_its_compile_time(monkeypatch):
-  """A step the TPU compiler refuses as too big still took compile time:
-  the cell's compile time counts it (it used to read 0 s)."""
+  """A step the TPU compiler refuses as too big still took compile time,
+  and the cell's compile time counts it."""
   text = ('RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory '
           'required for HLO temporaries (72.11G) exceeds available HBM '
           '(15.75G).')
